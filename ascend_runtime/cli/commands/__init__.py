@@ -1,0 +1,1 @@
+"""Sub-command modules of `ascend-deploy`; each defines ``register(subparsers)``."""

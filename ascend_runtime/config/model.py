@@ -1,0 +1,98 @@
+"""DeepSeek-V3/R1 model shape and the sizes derived from it.
+
+Defaults are the published DeepSeek-V3/R1 shape (facts file, section 1):
+61 layers = 3 dense + 58 MoE, 256 routed experts + 1 shared, top-8 of 8 groups,
+hidden 7168, expert FFN 2048, dense FFN 18432, vocab 129280, MLA caching
+512 latent + 64 rope values per token per layer, 1 MTP layer.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Quantization = Literal["w8a8", "bf16"]
+
+#: Bytes per weight element by quantisation of the linear layers.
+WEIGHT_BYTES: dict[str, float] = {"w8a8": 1.0, "bf16": 2.0}
+
+
+class ModelShape(BaseModel):
+    """The transformer shape; every size the planner and simulator need derives from it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field("deepseek-ai/DeepSeek-R1", description="Served model name (OpenAI `model`).")
+    weights_path: str = Field("/data/models/DeepSeek-R1-W8A8", description="Model directory inside the engine container.")
+    quantization: Quantization = Field("w8a8", description="Weight quantisation: w8a8 (Ascend A8W8 dynamic) or bf16.")
+    num_layers: int = Field(61, ge=1, description="Transformer layers (dense + MoE).")
+    num_dense_layers: int = Field(3, ge=0, description="Leading dense FFN layers.")
+    num_mtp_layers: int = Field(1, ge=0, description="Multi-token-prediction layers shipped with the weights.")
+    num_routed_experts: int = Field(256, ge=1, description="Routed experts per MoE layer.")
+    num_shared_experts: int = Field(1, ge=0, description="Shared experts per MoE layer.")
+    experts_per_token: int = Field(8, ge=1, description="Routed experts chosen per token (top-k).")
+    num_expert_groups: int = Field(8, ge=1, description="Expert groups for group-limited routing.")
+    hidden_size: int = Field(7168, ge=1)
+    moe_intermediate_size: int = Field(2048, ge=1, description="FFN width of one expert.")
+    dense_intermediate_size: int = Field(18432, ge=1, description="FFN width of the dense layers.")
+    vocab_size: int = Field(129280, ge=1)
+    num_attention_heads: int = Field(128, ge=1)
+    q_lora_rank: int = Field(1536, ge=1)
+    kv_lora_rank: int = Field(512, ge=1, description="MLA latent values cached per token per layer.")
+    qk_rope_head_dim: int = Field(64, ge=1, description="Rope values cached per token per layer.")
+    qk_nope_head_dim: int = Field(128, ge=1)
+    v_head_dim: int = Field(128, ge=1)
+    kv_cache_dtype_bytes: int = Field(2, ge=1, description="Bytes per cached KV value (BF16 = 2).")
+    max_model_len: int = Field(32768, ge=1, description="Longest context the engine accepts (tokens).")
+
+    @property
+    def num_moe_layers(self) -> int:
+        """MoE layers (58 for DeepSeek-V3/R1)."""
+        return self.num_layers - self.num_dense_layers
+
+    @property
+    def params_per_expert(self) -> int:
+        """Parameters of one expert: gate, up and down projections (44.0M for V3)."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        """MLA parameters of one layer (q_a, q_b, kv_a, kv_b, o)."""
+        h, n = self.hidden_size, self.num_attention_heads
+        qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
+        q_a = h * self.q_lora_rank
+        q_b = self.q_lora_rank * n * qk_head
+        kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)
+        kv_b = self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)
+        o = n * self.v_head_dim * h
+        return q_a + q_b + kv_a + kv_b + o
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding plus LM head."""
+        return 2 * self.vocab_size * self.hidden_size
+
+    def routed_expert_params(self, layers: int | None = None) -> int:
+        """Parameters of all routed experts over ``layers`` MoE layers (default all)."""
+        n = self.num_moe_layers if layers is None else layers
+        return n * self.num_routed_experts * self.params_per_expert
+
+    def non_expert_linear_params(self, with_mtp: bool = False) -> int:
+        """Attention, dense FFN, shared experts and router weights (quantised linear layers)."""
+        layers = self.num_layers + (self.num_mtp_layers if with_mtp else 0)
+        moe_layers = self.num_moe_layers + (self.num_mtp_layers if with_mtp else 0)
+        dense_ffn = self.num_dense_layers * 3 * self.hidden_size * self.dense_intermediate_size
+        shared = moe_layers * self.num_shared_experts * self.params_per_expert
+        router = moe_layers * self.num_routed_experts * self.hidden_size
+        return layers * self.attention_params_per_layer + dense_ffn + shared + router
+
+    def kv_bytes_per_token(self, with_mtp: bool = False) -> int:
+        """KV cache bytes one token occupies over all layers (70,272 B for V3 in BF16)."""
+        layers = self.num_layers + (self.num_mtp_layers if with_mtp else 0)
+        return layers * (self.kv_lora_rank + self.qk_rope_head_dim) * self.kv_cache_dtype_bytes
+
+    @property
+    def weight_bytes_per_param(self) -> float:
+        """Bytes per quantised linear-layer weight."""
+        return WEIGHT_BYTES[self.quantization]
