@@ -1,0 +1,1 @@
+"""Benchmarks; each script writes its own section of docs/benchmarks.md."""
