@@ -1,0 +1,77 @@
+"""Forecast the next window's expert load from past windows.
+
+Each window is normalised per layer to load *shares* (so traffic swings do
+not bias the forecast) and folded into several exponentially decayed averages
+at once. The average whose one-step-ahead forecast error has been smallest so
+far is the forecast: slow decay when load is noisy but stable, fast decay when
+it drifts. The per-expert spread of that error is the *volatility*, used to
+hedge replicas toward experts whose load jumps around.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_ALPHAS: tuple[float, ...] = (1.0, 0.6, 0.35, 0.2, 0.1)
+
+
+@dataclass
+class Forecast:
+    """``mean [L, E]`` and ``std [L, E]`` in tokens per window; ``alpha`` chosen."""
+
+    mean: np.ndarray
+    std: np.ndarray
+    alpha: float
+    windows: int
+
+
+class LoadForecaster:
+    """Exponentially decayed accumulator of expert load windows with adaptive decay.
+
+    ``alpha`` is the weight of the newest window (1.0 = last window only). With
+    ``alpha`` given, only that decay is used; by default the best of
+    :data:`DEFAULT_ALPHAS` by one-step squared error is chosen.
+    """
+
+    def __init__(self, alpha: float | None = None, error_decay: float = 0.3) -> None:
+        self.alphas = (alpha,) if alpha is not None else DEFAULT_ALPHAS
+        self.error_decay = error_decay
+        self.windows = 0
+        self.scale = 0.0  # decayed tokens per layer per window
+        self._state: np.ndarray | None = None  # [A, L, E] shares
+        self._sqerr: np.ndarray | None = None  # [A, L, E] decayed squared error of shares
+        self._score: np.ndarray | None = None  # [A] decayed total squared error
+
+    def update(self, window: np.ndarray) -> None:
+        """Fold one window ``[L, E]`` of token counts in. Empty windows are ignored."""
+        window = np.asarray(window, dtype=np.float64)
+        totals = window.sum(axis=1, keepdims=True)
+        if not np.all(totals > 0):
+            return
+        share = window / totals
+        tokens = float(totals.mean())
+        alphas = np.asarray(self.alphas)[:, None, None]
+        if self._state is None:
+            self._state = np.broadcast_to(share, (len(self.alphas), *share.shape)).copy()
+            self._sqerr = np.zeros_like(self._state)
+            self._score = np.zeros(len(self.alphas))
+            self.scale = tokens
+        else:
+            err2 = (share[None] - self._state) ** 2
+            d = self.error_decay
+            self._sqerr = (1 - d) * self._sqerr + d * err2 if self.windows > 1 else err2
+            self._score = (1 - d) * self._score + d * err2.sum(axis=(1, 2)) if self.windows > 1 else err2.sum(axis=(1, 2))
+            self._state = (1 - alphas) * self._state + alphas * share[None]
+            self.scale = 0.5 * self.scale + 0.5 * tokens
+        self.windows += 1
+
+    def forecast(self) -> Forecast:
+        """The current forecast; raises ``RuntimeError`` before the first window."""
+        if self._state is None:
+            raise RuntimeError("no load window seen yet")
+        best = int(np.argmin(self._score)) if self.windows > 1 else 0
+        mean = self._state[best] * self.scale
+        std = np.sqrt(self._sqerr[best]) * self.scale
+        return Forecast(mean=mean, std=std, alpha=float(self.alphas[best]), windows=self.windows)

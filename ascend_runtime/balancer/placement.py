@@ -1,0 +1,464 @@
+"""Expert placement with redundant experts: forecast-aware, refined, move-thrifty.
+
+Shapes: ``L`` layers, ``E`` logical experts, ``R`` ranks, ``S`` slots per rank,
+``P = R*S`` physical slots (``P - E`` redundant). A placement is ``[L, P]`` of
+logical ids; rank ``r`` owns slots ``r*S .. r*S+S-1``. Internally problems are
+batched as ``B`` independent sub-problems (layers, or layer x node when
+hierarchical), so every step is numpy over the batch.
+
+Algorithm (from scratch):
+
+1. replicas by water filling on a *hedged* load ``mean + hedge * std``: each
+   redundant slot goes to the expert with the largest hedged load per replica,
+   at most ``R`` replicas (more could not sit on distinct ranks);
+2. LPT packing: replicas heaviest first into the lightest rank that has a free
+   slot and does not already hold that expert;
+3. local search: swap one replica on the most loaded rank with one on another
+   rank whenever that lowers the pair's maximum; repeat until no swap helps.
+
+Hierarchical (``groups``, ``nodes``): expert groups are packed onto nodes (same
+LPT + swaps, ``G/N`` groups per node), then each node is solved as above.
+
+With a previous placement, an incremental candidate starts from it (changes
+only the replica counts that must change, then swaps until each layer is within
+``tolerance`` of the from-scratch peak) and the from-scratch candidate is
+relabelled onto the previous ranks; the one with fewer moved slots among those
+within ``tolerance`` wins. If even the best candidate beats the previous
+placement by less than ``min_gain`` (relative, on the forecast), the previous
+placement is kept unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ascend_runtime.balancer.measure import balancedness, moved_slots, replica_counts
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """Tuning knobs; defaults are the ones the benchmark measured."""
+
+    hedge: float = 1.0  # std multiples added to load when sizing replicas
+    max_swap_rounds: int = 400  # cap on local-search rounds per batch
+    tolerance: float = 0.01  # incremental result may trail from-scratch by this (relative)
+    min_gain: float = 0.01  # keep previous placement unless balancedness improves this much (relative)
+
+
+@dataclass
+class PlacementResult:
+    """A placement ``[L, P]`` and what it was judged on (forecast balancedness)."""
+
+    placement: np.ndarray
+    balancedness: float
+    previous_balancedness: float | None
+    moved_slots: int
+    kept_previous: bool
+    strategy: str  # "scratch", "incremental", "relabelled", "kept"
+
+
+# ---------------------------------------------------------------- building blocks
+
+
+def water_fill(weight: np.ndarray, total: int, cap: int) -> np.ndarray:
+    """Replica counts ``[B, n]`` summing to ``total`` per row, each in ``1..cap``.
+
+    Each extra replica goes to the row's largest ``weight / count``.
+    """
+    rows, n = weight.shape
+    counts = np.ones((rows, n), dtype=np.int64)
+    row = np.arange(rows)
+    w = np.maximum(weight, 0.0) + 1e-12
+    for _ in range(total - n):
+        ratio = np.where(counts < cap, w / counts, -np.inf)
+        counts[row, ratio.argmax(axis=1)] += 1
+    return counts
+
+
+def _items(counts: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Expand counts ``[B, n]`` into item ids ``[B, P]`` and per-replica weights ``[B, P]``."""
+    rows, n = counts.shape
+    ids = np.repeat(np.tile(np.arange(n), rows), counts.ravel()).reshape(rows, -1)
+    per = weight / counts
+    return ids, np.take_along_axis(per, ids, axis=1)
+
+
+def pack_lpt(ids: np.ndarray, w: np.ndarray, ranks: int, slots: int, n: int) -> np.ndarray:
+    """LPT packing without duplicate experts on a rank. ``[B, P]`` -> ids ``[B, R, S]``."""
+    rows, total = ids.shape
+    order = np.argsort(-w, axis=1, kind="stable")
+    out = np.empty((rows, ranks, slots), dtype=np.int64)
+    loads = np.zeros((rows, ranks))
+    fill = np.zeros((rows, ranks), dtype=np.int64)
+    has = np.zeros((rows, ranks, n), dtype=bool)
+    row = np.arange(rows)
+    for k in range(total):
+        item = order[:, k]
+        e = ids[row, item]
+        free = fill < slots
+        cost = np.where(free & ~has[row, :, e], loads, np.inf)
+        stuck = ~np.isfinite(cost.min(axis=1))
+        if stuck.any():  # only a rank already holding e has room: accept, repaired later
+            cost[stuck] = np.where(free[stuck], loads[stuck], np.inf)
+        r = cost.argmin(axis=1)
+        out[row, r, fill[row, r]] = e
+        loads[row, r] += w[row, item]
+        fill[row, r] += 1
+        has[row, r, e] = True
+    return out
+
+
+def _presence(ids: np.ndarray, n: int) -> np.ndarray:
+    """``ids [B, R, S]`` -> replicas of each expert on each rank ``[B, R, n]`` (int)."""
+    rows, ranks, _ = ids.shape
+    base = (np.arange(rows * ranks) * n).reshape(rows, ranks, 1)
+    return np.bincount((ids + base).ravel(), minlength=rows * ranks * n).reshape(rows, ranks, n)
+
+
+def refine_swaps(
+    ids: np.ndarray, per: np.ndarray, rounds: int, target: np.ndarray | None = None
+) -> np.ndarray:
+    """Swap local search on ``ids [B, R, S]`` with per-replica loads ``per [B, n]``.
+
+    Each round, in every still-active row, the best 1-for-1 swap between the most
+    loaded rank and any other rank (no duplicate created) is applied if it
+    lowers the pair's maximum. Rows stop when no swap helps or their peak is
+    at most ``target [B]``. Returns the refined ids (copy).
+    """
+    ids = ids.copy()
+    rows, ranks, slots = ids.shape
+    n = per.shape[1]
+    w = np.take_along_axis(per, ids.reshape(rows, -1), axis=1).reshape(rows, ranks, slots)
+    loads = w.sum(axis=2)
+    has = _presence(ids, n) > 0
+    rank_of = np.repeat(np.arange(ranks), slots)  # [P]
+    active = np.arange(rows)
+    if target is not None:
+        active = active[loads.max(axis=1) > target * (1 + 1e-12)]
+    for _ in range(rounds):
+        if active.size == 0:
+            break
+        b = active.size
+        ar = np.arange(b)
+        lo = loads[active]
+        a = lo.argmax(axis=1)
+        la = lo[ar, a]
+        xa = w[active, a]  # [b, S]
+        xid = ids[active, a]  # [b, S]
+        wf = w[active].reshape(b, -1)  # [b, P]
+        idf = ids[active].reshape(b, -1)
+        lb = lo[:, rank_of]  # [b, P]
+        d = xa[:, :, None] - wf[:, None, :]  # [b, S, P]
+        gain = la[:, None, None] - np.maximum(la[:, None, None] - d, lb[:, None, :] + d)
+        bad = (rank_of[None, :] == a[:, None])[:, None, :]
+        bad = bad | has[active[:, None, None], rank_of[None, None, :], xid[:, :, None]]
+        bad = bad | has[active, a][ar[:, None], idf][:, None, :]
+        gain = np.where(bad, -np.inf, gain)
+        flat = gain.reshape(b, -1).argmax(axis=1)
+        g = gain.reshape(b, -1)[ar, flat]
+        ok = g > 1e-12 * np.maximum(la, 1e-300)
+        if not ok.any():
+            break
+        sel = active[ok]
+        i, j = np.divmod(flat[ok], slots * ranks)
+        ra, rb = a[ok], rank_of[j]
+        sb = j % slots
+        x, y = ids[sel, ra, i], ids[sel, rb, sb]
+        wx, wy = w[sel, ra, i], w[sel, rb, sb]
+        ids[sel, ra, i], ids[sel, rb, sb] = y, x
+        w[sel, ra, i], w[sel, rb, sb] = wy, wx
+        loads[sel, ra] += wy - wx
+        loads[sel, rb] += wx - wy
+        has[sel, ra, x], has[sel, rb, y] = False, False
+        has[sel, ra, y], has[sel, rb, x] = True, True
+        active = sel
+        if target is not None:
+            active = active[loads[active].max(axis=1) > target[active] * (1 + 1e-12)]
+    return ids
+
+
+def repair_duplicates(ids: np.ndarray) -> np.ndarray:
+    """Remove same-expert duplicates on a rank by swapping with another rank (rare)."""
+    ids = ids.copy()
+    rows, ranks, slots = ids.shape
+    srt = np.sort(ids, axis=2)
+    bad_rows = np.nonzero((srt[:, :, 1:] == srt[:, :, :-1]).any(axis=(1, 2)))[0] if slots > 1 else []
+    for b in bad_rows:
+        for _ in range(ranks * slots):
+            sets = [set() for _ in range(ranks)]
+            dup = None
+            for r in range(ranks):
+                for s in range(slots):
+                    e = ids[b, r, s]
+                    if e in sets[r] and dup is None:
+                        dup = (r, s, e)
+                    sets[r].add(e)
+            if dup is None:
+                break
+            r, s, e = dup
+            done = False
+            for r2 in range(ranks):
+                if r2 == r or e in sets[r2]:
+                    continue
+                for s2 in range(slots):
+                    if ids[b, r2, s2] not in sets[r]:
+                        ids[b, r, s], ids[b, r2, s2] = ids[b, r2, s2], e
+                        done = True
+                        break
+                if done:
+                    break
+            if not done:
+                raise ValueError("cannot place replicas on distinct ranks")
+    return ids
+
+
+def solve_batch(
+    weight: np.ndarray, hedged: np.ndarray, ranks: int, slots: int, rounds: int
+) -> np.ndarray:
+    """From-scratch solve of ``B`` flat problems. ``weight [B, n]`` -> ids ``[B, R, S]``."""
+    rows, n = weight.shape
+    counts = water_fill(hedged, ranks * slots, ranks)
+    item_ids, item_w = _items(counts, np.maximum(weight, 0.0))
+    ids = repair_duplicates(pack_lpt(item_ids, item_w, ranks, slots, n))
+    return refine_swaps(ids, np.maximum(weight, 0.0) / counts, rounds)
+
+
+def _peaks(ids: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Peak rank load ``[B]`` of ids ``[B, R, S]`` under ``weight [B, n]``."""
+    rows, ranks, slots = ids.shape
+    counts = _presence(ids, weight.shape[1]).sum(axis=1)
+    per = weight / np.maximum(counts, 1)
+    return np.take_along_axis(per, ids.reshape(rows, -1), axis=1).reshape(rows, ranks, slots).sum(2).max(1)
+
+
+def incremental_batch(
+    previous: np.ndarray, weight: np.ndarray, hedged: np.ndarray, target: np.ndarray, rounds: int
+) -> np.ndarray:
+    """Start from ``previous [B, R, S]``, fix replica counts, swap until ``target [B]`` peaks."""
+    rows, ranks, slots = previous.shape
+    n = weight.shape[1]
+    want = water_fill(hedged, ranks * slots, ranks)
+    have = _presence(previous, n).sum(axis=1)
+    ids = previous.copy()
+    per = np.maximum(weight, 0.0) / want
+    for b in np.nonzero((want != have).any(axis=1))[0]:
+        cells = ids[b]
+        w = per[b][cells]
+        loads = w.sum(axis=1)
+        # drop surplus replicas from the heaviest ranks holding them
+        for e in np.nonzero(have[b] > want[b])[0]:
+            for _ in range(have[b, e] - want[b, e]):
+                rs, ss = np.nonzero(cells == e)
+                k = int(np.argmax(loads[rs]))
+                loads[rs[k]] -= per[b, e]
+                cells[rs[k], ss[k]] = -1
+        # add missing replicas, heaviest first, to the lightest free rank lacking them
+        adds = [e for e in np.nonzero(want[b] > have[b])[0] for _ in range(want[b, e] - have[b, e])]
+        adds.sort(key=lambda e: -per[b, e])
+        for e in adds:
+            free = (cells == -1).any(axis=1) & ~(cells == e).any(axis=1)
+            if not free.any():
+                free = (cells == -1).any(axis=1)
+            r = int(np.argmin(np.where(free, loads, np.inf)))
+            s = int(np.nonzero(cells[r] == -1)[0][0])
+            cells[r, s] = e
+            loads[r] += per[b, e]
+        ids[b] = cells
+    ids = repair_duplicates(ids)
+    return refine_swaps(ids, per, rounds, target)
+
+
+def align_slots(previous: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Reorder each rank's slots in ``new [B, R, S]`` so kept experts stay in their old slot."""
+    eq = new[..., :, None] == previous[..., None, :]  # [B, R, S(new), S(old)]
+    slots = new.shape[-1]
+    pos = np.full(new.shape, -1, dtype=np.int64)
+    taken = np.zeros(new.shape, dtype=bool)
+    for i in range(slots):
+        for k in range(slots):
+            m = eq[..., i, k] & (pos[..., i] < 0) & ~taken[..., k]
+            pos[..., i][m] = k
+            taken[..., k][m] = True
+    for i in range(slots):
+        m = pos[..., i] < 0
+        k = np.argmax(~taken, axis=-1)
+        pos[..., i] = np.where(m, k, pos[..., i])
+        np.put_along_axis(taken, k[..., None], np.take_along_axis(taken, k[..., None], -1) | m[..., None], -1)
+    out = np.empty_like(new)
+    np.put_along_axis(out, pos, new, axis=-1)
+    return out
+
+
+def relabel_ranks(previous: np.ndarray, new: np.ndarray, n: int, block: int | None = None) -> np.ndarray:
+    """Permute the ranks of ``new [B, R, S]`` to maximise overlap with ``previous``.
+
+    Greedy maximum-overlap matching; with ``block`` ranks only move inside
+    aligned blocks of that many ranks (the nodes of a hierarchical placement).
+    """
+    rows, ranks, slots = new.shape
+    block = block or ranks
+    out = new.copy()
+    pn, pp = _presence(new, n), _presence(previous, n)
+    for start in range(0, ranks, block):
+        sl = slice(start, start + block)
+        overlap = np.einsum("bre,bqe->brq", np.minimum(pn[:, sl], 1), np.minimum(pp[:, sl], 1)).astype(float)
+        dest = np.empty((rows, block), dtype=np.int64)
+        row = np.arange(rows)
+        for _ in range(block):
+            flat = overlap.reshape(rows, -1).argmax(axis=1)
+            r, q = np.divmod(flat, block)
+            dest[row, r] = q
+            overlap[row, r, :] = -1
+            overlap[row, :, q] = -1
+        np.put_along_axis(out[:, sl], dest[:, :, None].repeat(slots, 2), new[:, sl], axis=1)
+    return out
+
+
+# ---------------------------------------------------------------- hierarchy
+
+
+def _node_groups(ids: np.ndarray, groups: int, nodes: int, n: int) -> np.ndarray | None:
+    """Group -> node ``[L, G]`` if every group's replicas sit in one node, else None."""
+    layers, ranks, _ = ids.shape
+    per_node = ranks // nodes
+    gsize = n // groups
+    node_of = np.full((layers, groups), -1)
+    for node in range(nodes):
+        grp = ids[:, node * per_node : (node + 1) * per_node].reshape(layers, -1) // gsize
+        pres = np.zeros((layers, groups), dtype=bool)
+        np.put_along_axis(pres, grp, True, axis=1)
+        if (pres & (node_of >= 0)).any():
+            return None
+        node_of[pres] = node
+    if (node_of < 0).any() or not (np.apply_along_axis(np.bincount, 1, node_of, minlength=nodes) == groups // nodes).all():
+        return None
+    return node_of
+
+
+def _node_experts(node_of: np.ndarray, groups: int, nodes: int, n: int) -> np.ndarray:
+    """Logical ids served by each node, ``[L, N, E/N]``, from group -> node ``[L, G]``."""
+    layers = node_of.shape[0]
+    gsize = n // groups
+    order = np.argsort(node_of, axis=1, kind="stable")  # groups sorted by node
+    experts = order[:, :, None] * gsize + np.arange(gsize)
+    return experts.reshape(layers, nodes, -1)
+
+
+def _pack_groups(weight: np.ndarray, groups: int, nodes: int, rounds: int) -> np.ndarray:
+    """Group -> node ``[L, G]`` balancing group load, ``G/N`` groups per node."""
+    layers, n = weight.shape
+    gload = weight.reshape(layers, groups, -1).sum(axis=2)
+    ids = pack_lpt(np.broadcast_to(np.arange(groups), (layers, groups)).copy(), gload, nodes, groups // nodes, groups)
+    ids = refine_swaps(ids, gload, rounds)
+    node_of = np.empty((layers, groups), dtype=np.int64)
+    np.put_along_axis(node_of, ids.reshape(layers, -1), np.repeat(np.arange(nodes), groups // nodes)[None, :], axis=1)
+    return node_of
+
+
+def _to_local(ids: np.ndarray, experts: np.ndarray, n: int) -> np.ndarray:
+    """Global ids ``[L, N, r, S]`` -> node-local ids using ``experts [L, N, E/N]``."""
+    layers, nodes, k = experts.shape
+    inv = np.zeros((layers, nodes, n), dtype=np.int64)
+    np.put_along_axis(inv, experts, np.broadcast_to(np.arange(k), experts.shape), axis=2)
+    return np.take_along_axis(inv, ids.reshape(layers, nodes, -1), axis=2).reshape(ids.shape)
+
+
+# ---------------------------------------------------------------- public API
+
+
+def _check(load: np.ndarray, ranks: int, slots: int, groups: int | None, nodes: int | None) -> None:
+    layers, n = load.shape
+    if ranks * slots < n:
+        raise ValueError(f"ranks x slots = {ranks * slots} < experts {n}: every expert needs a slot")
+    if groups or nodes:
+        if not (groups and nodes):
+            raise ValueError("groups and nodes go together")
+        if n % groups or groups % nodes or ranks % nodes:
+            raise ValueError(f"need experts % groups == 0, groups % nodes == 0, ranks % nodes == 0 (E={n}, G={groups}, N={nodes}, R={ranks})")
+
+
+def place_from_scratch(
+    load: np.ndarray,
+    ranks: int,
+    slots: int,
+    groups: int | None = None,
+    nodes: int | None = None,
+    std: np.ndarray | None = None,
+    config: PlacementConfig = PlacementConfig(),
+) -> np.ndarray:
+    """Placement ``[L, R*S]`` for forecast ``load [L, E]`` (and its ``std [L, E]``)."""
+    load = np.maximum(np.asarray(load, dtype=np.float64), 0.0)
+    _check(load, ranks, slots, groups, nodes)
+    hedged = load + config.hedge * (np.zeros_like(load) if std is None else np.asarray(std))
+    layers, n = load.shape
+    if not (groups and nodes) or nodes == 1:
+        return solve_batch(load, hedged, ranks, slots, config.max_swap_rounds).reshape(layers, -1)
+    node_of = _pack_groups(load, groups, nodes, config.max_swap_rounds)
+    experts = _node_experts(node_of, groups, nodes, n)  # [L, N, E/N]
+    sub_w = np.take_along_axis(load[:, None, :].repeat(nodes, 1), experts, axis=2).reshape(layers * nodes, -1)
+    sub_h = np.take_along_axis(hedged[:, None, :].repeat(nodes, 1), experts, axis=2).reshape(layers * nodes, -1)
+    local = solve_batch(sub_w, sub_h, ranks // nodes, slots, config.max_swap_rounds)
+    local = local.reshape(layers, nodes, -1)
+    return np.take_along_axis(experts, local, axis=2).reshape(layers, -1)
+
+
+def plan_placement(
+    load: np.ndarray,
+    ranks: int,
+    slots: int,
+    groups: int | None = None,
+    nodes: int | None = None,
+    previous: np.ndarray | None = None,
+    std: np.ndarray | None = None,
+    config: PlacementConfig = PlacementConfig(),
+) -> PlacementResult:
+    """Plan a placement for the next window.
+
+    ``load [L, E]``: forecast tokens per expert; ``std [L, E]``: its expected
+    error (hedging); ``previous [L, R*S]``: the placement in service, or None.
+    """
+    load = np.maximum(np.asarray(load, dtype=np.float64), 0.0)
+    layers, n = load.shape
+    fresh = place_from_scratch(load, ranks, slots, groups, nodes, std, config)
+    b_fresh = balancedness(fresh, load, ranks)
+    if previous is None:
+        return PlacementResult(fresh, b_fresh, None, 0, False, "scratch")
+    previous = np.asarray(previous, dtype=np.int64)
+    if previous.shape != (layers, ranks * slots):
+        raise ValueError(f"previous placement has shape {previous.shape}, expected {(layers, ranks * slots)}")
+    b_prev = balancedness(previous, load, ranks)
+    if b_fresh < b_prev * (1 + config.min_gain):
+        return PlacementResult(previous.copy(), b_prev, b_prev, 0, True, "kept")
+    hedged = load + config.hedge * (np.zeros_like(load) if std is None else np.asarray(std))
+    prev3 = previous.reshape(layers, ranks, slots)
+    fresh3 = fresh.reshape(layers, ranks, slots)
+    hier = bool(groups and nodes and nodes > 1)
+    target_slack = 1 + config.tolerance / 2
+    inc: np.ndarray | None = None
+    if not hier:
+        target = _peaks(fresh3, load) * target_slack
+        inc = incremental_batch(prev3, load, hedged, target, config.max_swap_rounds)
+    else:
+        node_of = _node_groups(prev3, groups, nodes, n)
+        if node_of is not None:
+            experts = _node_experts(node_of, groups, nodes, n)
+            per_node = ranks // nodes
+            prev_local = _to_local(prev3.reshape(layers, nodes, per_node, slots), experts, n)
+            sub_w = np.take_along_axis(load[:, None, :].repeat(nodes, 1), experts, axis=2).reshape(layers * nodes, -1)
+            sub_h = np.take_along_axis(hedged[:, None, :].repeat(nodes, 1), experts, axis=2).reshape(layers * nodes, -1)
+            target = np.repeat(_peaks(fresh3, load) * target_slack, nodes)  # each node under the fresh peak
+            local = incremental_batch(
+                prev_local.reshape(layers * nodes, per_node, slots), sub_w, sub_h, target, config.max_swap_rounds
+            )
+            inc = np.take_along_axis(experts, local.reshape(layers, nodes, -1), axis=2).reshape(layers, ranks, slots)
+    if inc is not None:
+        flat = align_slots(prev3, inc).reshape(layers, -1)
+        b = balancedness(flat, load, ranks)
+        if b >= b_fresh * (1 - config.tolerance) and b >= b_prev * (1 + config.min_gain):
+            return PlacementResult(flat, b, b_prev, moved_slots(previous, flat, ranks, n), False, "incremental")
+    relabelled = relabel_ranks(prev3, fresh3, n, ranks // nodes if hier else None)
+    best = align_slots(prev3, relabelled).reshape(layers, -1)
+    best_b, best_moves, best_name = b_fresh, moved_slots(previous, best, ranks, n), "relabelled"
+    return PlacementResult(best, best_b, b_prev, best_moves, False, best_name)

@@ -1,0 +1,71 @@
+"""`ascend-deploy plan`: show the deployment Plan of a stack as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from ascend_runtime.cli.stackargs import add_stack_options, plan_or_exit
+from ascend_runtime.planner import Plan
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `plan` command."""
+    parser = subparsers.add_parser("plan", help="validate a stack and show its Plan", description=__doc__)
+    add_stack_options(parser)
+    parser.add_argument("--json", action="store_true", help="print the Plan as deterministic JSON")
+    parser.set_defaults(func=run)
+
+
+def plan_table(plan: Plan) -> Table:
+    """Per instance: role, nodes, NPUs, DP/TP/EP, ports, HBM estimate per NPU."""
+    table = Table(title=f"Plan of stack {plan.stack}: {plan.hardware}, target {plan.target}, KV connector {plan.kv_connector}")
+    for column in ("instance", "role", "nodes", "NPUs", "DP/TP/EP", "expert slots", "API", "KV ports", "HBM/NPU (GiB)"):
+        table.add_column(column)
+    for inst in plan.instances:
+        kv = inst.ranks[0]
+        pod = f" (super pod {inst.super_pod_id})" if inst.super_pod_id is not None else ""
+        table.add_row(
+            inst.name,
+            inst.role,
+            ", ".join(inst.nodes) + pod,
+            str(inst.npus),
+            f"{inst.dp}/{inst.tp}/{inst.ep}",
+            str(inst.expert_slots_per_rank),
+            f"{inst.api_host}:{inst.api_port}",
+            f"{kv.kv_port}-{kv.kv_port + kv.kv_port_count - 1}",
+            f"{inst.memory.total_gib} / {inst.memory.budget_gib}",
+        )
+    return table
+
+
+def summary_lines(plan: Plan) -> list[str]:
+    """One line per role: instances, nodes and NPUs."""
+    lines = []
+    for role in ("prefill", "decode"):
+        insts = plan.by_role(role)
+        nodes = sum(len(i.ranks) for i in insts)
+        npus = sum(i.npus for i in insts)
+        lines.append(f"{role}: {len(insts)} instance(s), {npus} NPUs on {nodes} nodes")
+    unused = [n.name for n in plan.nodes if n.role is None]
+    lines.append(f"unused nodes: {', '.join(unused) if unused else 'none'}")
+    lines.append(f"proxy: {plan.proxy_url}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the Plan; exit 2 with the problems when the stack is invalid."""
+    plan = plan_or_exit(args)
+    if plan is None:
+        return 2
+    if args.json:
+        sys.stdout.write(plan.to_json())
+        return 0
+    console = Console(width=200)
+    console.print(plan_table(plan))
+    for line in summary_lines(plan):
+        console.print(line)
+    return 0

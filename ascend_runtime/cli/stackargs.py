@@ -1,0 +1,26 @@
+"""Shared command-line options and error reporting for commands that read a stack."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ascend_runtime.config.errors import ConfigError
+from ascend_runtime.planner import Plan, load_plan
+
+
+def add_stack_options(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """Add ``--stack NAME`` and ``--stacks-dir DIR``."""
+    parser.add_argument("--stack", required=required, metavar="NAME", help="stack name (stacks/Pulumi.<NAME>.yaml)")
+    parser.add_argument(
+        "--stacks-dir", metavar="DIR", default=None, help="stacks directory (default: $ASCEND_DEPLOY_STACKS or ./stacks of the project)"
+    )
+
+
+def plan_or_exit(args: argparse.Namespace) -> Plan | None:
+    """Build the stack's Plan, or print the configuration problems to stderr and return None (exit 2)."""
+    try:
+        return load_plan(args.stack, args.stacks_dir)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None

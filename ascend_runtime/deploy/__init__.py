@@ -1,0 +1,1 @@
+"""The Pulumi program: from a stack's Plan to Kubernetes resources."""

@@ -1,0 +1,103 @@
+"""Hardware catalogue: the Ascend server kinds a stack can target, as data.
+
+Sources:
+- Atlas 800I A2: Huawei's DeepSeek-on-Ascend report (facts file, section 1):
+  8 x Ascend 910B per node, 64 GB HBM each, full-mesh HCCS 392 GB/s in a node,
+  50 GB/s between nodes.
+- CloudMatrix 384: Zuo et al., "Serving Large Language Models on Huawei
+  CloudMatrix384", arXiv 2506.12708 (section 3): 384 Ascend 910C NPUs in 48
+  compute nodes of 8 NPUs; each 910C is a dual-die package with 128 GB HBM
+  (64 GB per die) and 3.2 TB/s; the Unified Bus (UB) gives each 910C about
+  392 GB/s unidirectional to every other NPU of the supernode, non-blocking;
+  the RDMA plane gives up to 400 Gb/s (50 GB/s) per NPU between supernodes.
+  The driver exposes each die as one NPU device, so an A3 server shows 16
+  devices (device_id = card * 2 + chip) and a super pod holds 48 x 16 = 768.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+HardwareKind = Literal["atlas-800i-a2", "cm384"]
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One server kind; bandwidths in GB/s, memory in GiB per NPU device."""
+
+    kind: str
+    display_name: str
+    npu_model: str
+    devices_per_node: int
+    chips_per_card: int
+    hbm_gib_per_device: float
+    intra_node_gbps: float
+    inter_node_gbps: float
+    super_pod_nodes: int | None
+    rank_table_version: str
+    server_hardware_type: str
+    accelerator_type_label: str
+    moe_dispatch: Literal["mc2", "all2all"]
+    recommended_kv_port_base: int
+    sources: tuple[str, ...]
+
+    @property
+    def has_super_pods(self) -> bool:
+        """True for A3 supernodes, whose rank tables carry super pod ids."""
+        return self.super_pod_nodes is not None
+
+    @property
+    def super_pod_devices(self) -> int | None:
+        """NPU devices in one super pod (768 on CM384)."""
+        return None if self.super_pod_nodes is None else self.super_pod_nodes * self.devices_per_node
+
+
+ATLAS_800I_A2 = HardwareSpec(
+    kind="atlas-800i-a2",
+    display_name="Atlas 800I A2",
+    npu_model="Ascend 910B",
+    devices_per_node=8,
+    chips_per_card=1,
+    hbm_gib_per_device=64.0,
+    intra_node_gbps=392.0,
+    inter_node_gbps=50.0,
+    super_pod_nodes=None,
+    rank_table_version="1.0",
+    server_hardware_type="800I-A2-64G",
+    accelerator_type_label="module-910b-8",
+    moe_dispatch="mc2",
+    recommended_kv_port_base=28000,
+    sources=("Huawei DeepSeek on Atlas 800I A2 report (facts file section 1)",),
+)
+
+CM384 = HardwareSpec(
+    kind="cm384",
+    display_name="CloudMatrix 384 (Atlas A3 SuperPoD)",
+    npu_model="Ascend 910C (one die per device)",
+    devices_per_node=16,
+    chips_per_card=2,
+    hbm_gib_per_device=64.0,
+    intra_node_gbps=392.0,
+    inter_node_gbps=392.0,
+    super_pod_nodes=48,
+    rank_table_version="1.2",
+    server_hardware_type="Atlas-A3-SuperPoD",
+    accelerator_type_label="module-a3-16-super-pod",
+    moe_dispatch="all2all",
+    recommended_kv_port_base=36000,
+    sources=(
+        "Zuo et al., Serving Large Language Models on Huawei CloudMatrix384, arXiv 2506.12708, section 3",
+        "vLLM-Ascend Mooncake guide: kv_port >= 36000 on 16-die nodes (facts file section 2)",
+    ),
+)
+
+CATALOGUE: dict[str, HardwareSpec] = {spec.kind: spec for spec in (ATLAS_800I_A2, CM384)}
+
+
+def hardware_spec(kind: str) -> HardwareSpec:
+    """Look up a hardware kind; raises KeyError naming the valid kinds."""
+    try:
+        return CATALOGUE[kind]
+    except KeyError:
+        raise KeyError(f"unknown hardware kind {kind!r}; valid: {', '.join(sorted(CATALOGUE))}") from None

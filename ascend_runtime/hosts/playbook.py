@@ -1,0 +1,159 @@
+"""The playbook file model: ``playbooks/<name>.yaml``.
+
+A playbook is a list of named steps of five types:
+
+``command``  run a command; ``expect`` on ``rc`` / ``stdout`` / ``stderr``.
+``parse``    run a command, parse its output with a named parser
+             (:data:`ascend_runtime.hosts.parsers.PARSERS`), ``expect`` on fields.
+``file``     read a file's content (``path``), parse it (``key_value`` by default),
+             ``expect`` on its keys (e.g. a version against the playbook's matrix).
+``compare``  like ``parse``, then ``field`` must have one value across all hosts
+             (a cross-host check, evaluated once every host is done).
+``set``      read the current value (``get`` + ``parser``), compare it with ``want``;
+             only if it differs run ``set`` (never in ``--check``) and verify.
+
+Common keys: ``foreach`` (``host``, ``device``: every device the hardware kind
+has, with the inventory's plan for it merged in; ``peer``: each device paired
+with the same device id on every other host; ``file``: each entry of the
+``model_files`` variable, a map of file name to size, as ``model_file`` /
+``model_file_size``), ``when`` (names that must be set
+and truthy, e.g. ``device_ip`` or a variable), ``hardware`` (kinds the step
+applies to), ``become`` (sudo), ``timeout_s`` ``ignore_rc`` (parse the output even
+when the command exits non-zero) and ``register`` (keep the parsed result as a
+fact). Templates see the playbook ``vars`` (overridable per run and per host),
+``hardware``, ``devices_per_node``, ``applying`` (false in ``--check``) and the
+node's ``name``, ``host_ip``, ``nic`` and per device ``device_id``, ``card``,
+``chip``, ``device_ip``, ``netmask``, ``gateway``, ``netdetect``. Expectations map a field to a value (equality) or to one
+operator: ``eq``, ``ne``, ``in``, ``not_in``, ``regex``, ``present``,
+``ge``/``le`` (numbers), ``version`` (a component of the matrix),
+``min_version``/``max_version``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ascend_runtime.config.errors import ConfigError, Problem
+from ascend_runtime.hosts.parsers import PARSERS
+
+StepType = Literal["command", "parse", "file", "compare", "set"]
+HARDWARE_KINDS = ("atlas-800i-a2", "cm384")
+
+#: Default directory of the shipped playbooks (repo-root/playbooks).
+PLAYBOOK_DIR = Path(__file__).resolve().parents[2] / "playbooks"
+
+
+class VersionRange(BaseModel):
+    """Supported range of one component (inclusive bounds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min: str | None = None
+    max: str | None = None
+
+
+class Step(BaseModel):
+    """One named check or action."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    type: StepType
+    description: str = ""
+    foreach: Literal["host", "device", "peer", "file"] = "host"
+    when: list[str] = Field(default_factory=list)
+    hardware: list[str] | None = None
+    become: bool = False
+    timeout_s: float = Field(30.0, gt=0)
+    ignore_rc: bool = False
+    command: str | None = None
+    path: str | None = None
+    parser: str | None = None
+    expect: dict[str, Any] = Field(default_factory=dict)
+    register: str | None = None
+    field: str | None = None
+    get: str | None = None
+    want: dict[str, Any] = Field(default_factory=dict)
+    set: str | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> Step:
+        need = {
+            "command": ["command"],
+            "parse": ["command", "parser"],
+            "file": ["path"],
+            "compare": ["command", "parser", "field"],
+            "set": ["get", "parser", "want", "set"],
+        }[self.type]
+        missing = [k for k in need if not getattr(self, k)]
+        if missing:
+            raise ValueError(f"step {self.name!r} of type {self.type} needs {', '.join(missing)}")
+        if self.parser and self.parser not in PARSERS:
+            raise ValueError(f"step {self.name!r}: unknown parser {self.parser!r} (known: {', '.join(sorted(PARSERS))})")
+        return self
+
+
+class FactsSpec(BaseModel):
+    """Where the facts playbook finds each inventory field among its registered results.
+
+    Values are ``register.field`` references.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    addresses: str | None = Field(None, description="Register holding ip_addr output (finds the host NIC).")
+    versions: dict[str, str] = Field(default_factory=dict)
+    device: dict[str, str] = Field(default_factory=dict)
+
+
+class Playbook(BaseModel):
+    """A playbook file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    hardware: list[Literal["atlas-800i-a2", "cm384"]] = Field(min_length=1)
+    vars: dict[str, Any] = Field(default_factory=dict)
+    matrix: dict[str, dict[str, VersionRange]] = Field(default_factory=dict)
+    facts: FactsSpec | None = None
+    steps: list[Step] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> Playbook:
+        names = [s.name for s in self.steps]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate step names: {', '.join(dupes)}")
+        return self
+
+
+def available(directory: Path | None = None) -> dict[str, Path]:
+    """Playbook names and files in ``directory`` (default: the shipped playbooks)."""
+    d = directory or PLAYBOOK_DIR
+    return {p.stem: p for p in sorted(d.glob("*.yaml"))}
+
+
+def load(name_or_path: str, directory: Path | None = None) -> Playbook:
+    """Load a playbook by name (``preflight``) or path; raises ConfigError naming the bad field."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        found = available(directory)
+        if name_or_path not in found:
+            raise ConfigError.single(
+                "playbook", "no such playbook", name_or_path, hint=f"known: {', '.join(found) or 'none'}"
+            )
+        path = found[name_or_path]
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError.single("playbook", f"cannot read {path}: {exc}") from None
+    try:
+        return Playbook.model_validate(data)
+    except ValidationError as exc:
+        problems = [Problem(".".join(str(p) for p in e["loc"]) or "playbook", e["msg"]) for e in exc.errors()]
+        raise ConfigError(problems, str(path)) from None

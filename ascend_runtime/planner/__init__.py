@@ -1,0 +1,145 @@
+"""Build the Plan from a stack: validate, place, assign ports, estimate memory.
+
+``build_plan`` is a pure function of the loaded stack; ``load_plan`` reads
+the stack files first. Both raise :class:`ConfigError` naming every problem.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ascend_runtime.config.errors import ConfigError, Problem
+from ascend_runtime.config.loader import load_stack
+from ascend_runtime.config.stack import Stack
+from ascend_runtime.hardware import hardware_spec
+from ascend_runtime.planner.memory import estimate_memory, expert_slots_per_rank
+from ascend_runtime.planner.placement import place_instances
+from ascend_runtime.planner.plan import InstancePlan, NodePlan, Plan, PlannedDevice, RankPlan
+from ascend_runtime.planner.validation import check_inventory, check_ports, check_stage_shapes
+from ascend_runtime.planner.versions import connector_dialect
+
+__all__ = ["Plan", "build_plan", "load_plan"]
+
+
+def build_plan(stack: Stack) -> Plan:
+    """The Plan of a loaded stack; raises ConfigError before anything is placed when invalid."""
+    config, inventory = stack.config, stack.inventory
+    hardware = hardware_spec(config.hardware)
+    connector = connector_dialect(config.engine.vllm_ascend_version, config.engine.kv_connector)
+    instance_count = config.prefill.instances + config.decode.instances
+    problems = check_inventory(inventory, hardware)
+    problems += check_stage_shapes(config, hardware, connector)
+    problems += check_ports(config, hardware, connector, instance_count)
+    if problems:
+        raise ConfigError(problems, stack.stack_file)
+    assignments, states = place_instances(config, inventory, hardware)
+    kv_base = config.ports.kv_base or hardware.recommended_kv_port_base
+    instances = []
+    for ordinal, assignment in enumerate(assignments):
+        role = assignment.role
+        stage = config.stage(role)
+        name = f"{role}-{assignment.index}"
+        per_node = len(assignment.devices[0])
+        dp_local = per_node // stage.tp
+        ranks = []
+        for k, (node, devices) in enumerate(zip(assignment.nodes, assignment.devices)):
+            planned = tuple(
+                PlannedDevice(
+                    device_id=d.device_id,
+                    device_ip=str(d.device_ip),
+                    global_rank=k * per_node + j,
+                    super_device_id=d.super_device_id,
+                    super_pod_id=d.super_pod_id,
+                )
+                for j, d in enumerate(devices)
+            )
+            ranks.append(
+                RankPlan(
+                    instance=name,
+                    role=role,
+                    index=k,
+                    node=node.name,
+                    host_ip=str(node.host_ip),
+                    nic=node.nic,
+                    devices=planned,
+                    dp_start_rank=k * dp_local,
+                    dp_local=dp_local,
+                    kv_port=kv_base + ordinal * hardware.devices_per_node,
+                    kv_port_count=per_node,
+                    engine_id=f"{stack.name}-{name}-{k}",
+                )
+            )
+        pods = {n.super_pod_id for n in assignment.nodes}
+        instances.append(
+            InstancePlan(
+                name=name,
+                role=role,
+                ordinal=ordinal,
+                dp=stage.dp,
+                tp=stage.tp,
+                ep=stage.ep,
+                npus=stage.dp * stage.tp,
+                expert_slots_per_rank=expert_slots_per_rank(config.model, stage),
+                redundant_experts=stage.redundant_experts,
+                api_host=ranks[0].host_ip,
+                api_port=config.ports.api_base + ordinal,
+                dp_rpc_port=config.ports.dp_rpc_base + ordinal,
+                llmdd_rpc_port=config.ports.rpc_base + ordinal,
+                super_pod_id=pods.pop() if len(pods) == 1 else None,
+                memory=estimate_memory(config.model, stage, hardware),
+                ranks=tuple(ranks),
+            )
+        )
+    plan = Plan(
+        stack=stack.name,
+        hardware=hardware.kind,
+        target=config.target,
+        kv_connector=connector,
+        vllm_ascend_version=config.engine.vllm_ascend_version,
+        config=config.model_dump(mode="json"),
+        nodes=tuple(
+            NodePlan(
+                name=s.node.name,
+                host_ip=str(s.node.host_ip),
+                nic=s.node.nic,
+                device_count=len(s.node.devices),
+                super_pod_id=s.node.super_pod_id,
+                role=s.role,
+                devices_used=s.used,
+            )
+            for s in states
+        ),
+        instances=tuple(instances),
+        proxy_host="127.0.0.1" if config.target == "local" else f"pd-proxy.{config.kubernetes.namespace}.svc",
+        proxy_port=config.ports.proxy,
+    )
+    check_plan_invariants(plan, hardware.has_super_pods and not config.allow_cross_super_pod)
+    return plan
+
+
+def check_plan_invariants(plan: Plan, single_super_pod: bool) -> None:
+    """Assert what every consumer relies on; a failure here is a planner bug, reported as ConfigError."""
+    problems: list[Problem] = []
+    used: set[tuple[str, int]] = set()
+    roles: dict[str, str] = {}
+    for inst in plan.instances:
+        ranks = [d.global_rank for r in inst.ranks for d in r.devices]
+        if sorted(ranks) != list(range(inst.npus)):
+            problems.append(Problem(f"plan.{inst.name}", "rank ids are not dense 0..npus-1", ranks))
+        if single_super_pod and inst.super_pod_id is None and plan.hardware == "cm384":
+            problems.append(Problem(f"plan.{inst.name}", "instance spans super pods"))
+        for rank in inst.ranks:
+            if roles.setdefault(rank.node, inst.role) != inst.role:
+                problems.append(Problem(f"plan.{inst.name}", f"node {rank.node} hosts prefill and decode"))
+            for dev in rank.devices:
+                key = (rank.node, dev.device_id)
+                if key in used:
+                    problems.append(Problem(f"plan.{inst.name}", f"device {key} used twice"))
+                used.add(key)
+    if problems:
+        raise ConfigError(problems, "planner invariants")
+
+
+def load_plan(stack_name: str, stacks_dir: str | os.PathLike[str] | None = None) -> Plan:
+    """Load a stack by name and build its Plan."""
+    return build_plan(load_stack(stack_name, stacks_dir))

@@ -1,0 +1,176 @@
+"""The Plan: the validated deployment model every output derives from.
+
+Plain frozen dataclasses, free of Pulumi, network and clock. ``Plan.to_json``
+is deterministic: the same stack and inventory give byte-identical output.
+
+Vocabulary:
+- an *instance* is one vLLM-Ascend engine (one API endpoint) of a role;
+- a *rank* is one engine process of an instance, on one node, driving that
+  node's share of the instance's NPUs (``dp_local`` DP ranks of ``tp`` NPUs);
+  rank 0 is the leader and serves the API, the others run ``--headless``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PlannedDevice:
+    """One NPU device as a rank uses it; ``global_rank`` is dense within its instance."""
+
+    device_id: int
+    device_ip: str
+    global_rank: int
+    super_device_id: int | None = None
+    super_pod_id: int | None = None
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One engine process: where it runs and which devices and ports it owns."""
+
+    instance: str
+    role: str
+    index: int
+    node: str
+    host_ip: str
+    nic: str
+    devices: tuple[PlannedDevice, ...]
+    dp_start_rank: int
+    dp_local: int
+    kv_port: int
+    kv_port_count: int
+    engine_id: str
+
+    @property
+    def is_leader(self) -> bool:
+        """Rank 0 serves the API; the others are headless."""
+        return self.index == 0
+
+    @property
+    def device_ids(self) -> tuple[int, ...]:
+        """Logical device ids, the value of ASCEND_RT_VISIBLE_DEVICES."""
+        return tuple(d.device_id for d in self.devices)
+
+    @property
+    def name(self) -> str:
+        """``<instance>-rank<k>``, used for files and workload names."""
+        return f"{self.instance}-rank{self.index}"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """HBM use per NPU, GiB."""
+
+    weights_gib: float
+    kv_cache_gib: float
+    reserve_gib: float
+    budget_gib: float
+    hbm_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        """Weights + KV cache + reserve."""
+        return round(self.weights_gib + self.kv_cache_gib + self.reserve_gib, 2)
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    """One engine instance: shape, ports, placement and memory."""
+
+    name: str
+    role: str
+    ordinal: int
+    dp: int
+    tp: int
+    ep: int
+    npus: int
+    expert_slots_per_rank: int
+    redundant_experts: int
+    api_host: str
+    api_port: int
+    dp_rpc_port: int
+    llmdd_rpc_port: int
+    super_pod_id: int | None
+    memory: MemoryEstimate
+    ranks: tuple[RankPlan, ...]
+
+    @property
+    def api_url(self) -> str:
+        """The leader's OpenAI endpoint."""
+        return f"http://{self.api_host}:{self.api_port}"
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Node names in rank order."""
+        return tuple(r.node for r in self.ranks)
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """A node of the inventory and the role the Plan gives it (None: unused)."""
+
+    name: str
+    host_ip: str
+    nic: str
+    device_count: int
+    super_pod_id: int | None
+    role: str | None
+    devices_used: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole deployment. ``config`` is the validated stack config as JSON data."""
+
+    stack: str
+    hardware: str
+    target: str
+    kv_connector: str
+    vllm_ascend_version: str
+    config: dict[str, Any]
+    nodes: tuple[NodePlan, ...]
+    instances: tuple[InstancePlan, ...]
+    proxy_host: str
+    proxy_port: int
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def by_role(self, role: str) -> tuple[InstancePlan, ...]:
+        """Instances of one role in ordinal order."""
+        return tuple(i for i in self.instances if i.role == role)
+
+    def instance(self, name: str) -> InstancePlan:
+        """Look an instance up by name; KeyError if absent."""
+        for inst in self.instances:
+            if inst.name == name:
+                return inst
+        raise KeyError(name)
+
+    @property
+    def ranks(self) -> tuple[RankPlan, ...]:
+        """Every rank of every instance, prefill first."""
+        return tuple(r for i in self.instances for r in i.ranks)
+
+    @property
+    def proxy_url(self) -> str:
+        """The proxy's OpenAI endpoint."""
+        return f"http://{self.proxy_host}:{self.proxy_port}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The Plan as JSON-ready data (with derived fields such as api_url)."""
+        data = asdict(self)
+        for inst, raw in zip(self.instances, data["instances"]):
+            raw["api_url"] = inst.api_url
+            raw["memory"]["total_gib"] = inst.memory.total_gib
+            for rank, raw_rank in zip(inst.ranks, raw["ranks"]):
+                raw_rank["name"] = rank.name
+                raw_rank["is_leader"] = rank.is_leader
+        data["proxy_url"] = self.proxy_url
+        return data
+
+    def to_json(self) -> str:
+        """Deterministic JSON (sorted keys, 2-space indent, trailing newline)."""
+        return json.dumps(self.to_dict(), sort_keys=True, indent=2) + "\n"

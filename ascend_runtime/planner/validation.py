@@ -1,0 +1,227 @@
+"""Checks of a stack against its inventory and hardware, before any placement.
+
+Each function returns a list of :class:`Problem`; the planner raises them all
+at once so an operator fixes everything in one pass.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ascend_runtime.config.errors import Problem
+from ascend_runtime.config.inventory import Inventory
+from ascend_runtime.config.stack import Role, StackConfig
+from ascend_runtime.hardware import HardwareSpec
+from ascend_runtime.planner.memory import estimate_memory
+
+ROLES: tuple[Role, Role] = ("prefill", "decode")
+
+
+def devices_per_node(config: StackConfig, role: Role, hardware: HardwareSpec) -> int:
+    """NPUs an instance of ``role`` uses on each of its nodes."""
+    return config.stage(role).devices_per_node or hardware.devices_per_node
+
+
+def check_inventory(inventory: Inventory, hardware: HardwareSpec) -> list[Problem]:
+    """Device counts per hardware kind, unique names/IPs, super pod facts on A3."""
+    problems: list[Problem] = []
+    if not inventory.nodes:
+        return [Problem("inventory.nodes", "the inventory lists no nodes", hint="run the facts playbook or add nodes")]
+    names: dict[str, int] = {}
+    host_ips: dict[str, int] = {}
+    device_ips: dict[str, str] = {}
+    super_devices: dict[tuple[int, int], str] = {}
+    for i, node in enumerate(inventory.nodes):
+        at = f"inventory.nodes[{i}]"
+        if node.name in names:
+            problems.append(Problem(f"{at}.name", f"node name listed twice (also nodes[{names[node.name]}])", node.name))
+        names.setdefault(node.name, i)
+        ip = str(node.host_ip)
+        if ip in host_ips:
+            problems.append(
+                Problem(f"{at}.host_ip", f"host IP listed twice (also nodes[{host_ips[ip]}])", ip, "each node needs its own host IP")
+            )
+        host_ips.setdefault(ip, i)
+        count = len(node.devices)
+        if count != hardware.devices_per_node:
+            problems.append(
+                Problem(
+                    f"{at}.devices",
+                    f"node {node.name} lists {count} devices; {hardware.display_name} nodes have {hardware.devices_per_node}",
+                    count,
+                    "re-run the facts playbook or fix the hardware kind",
+                )
+            )
+        seen_ids: set[int] = set()
+        for j, dev in enumerate(node.devices):
+            dat = f"{at}.devices[{j}]"
+            if dev.device_id in seen_ids or dev.device_id >= hardware.devices_per_node:
+                problems.append(
+                    Problem(
+                        f"{dat}.device_id",
+                        f"device id duplicated or out of range 0..{hardware.devices_per_node - 1} on {node.name}",
+                        dev.device_id,
+                    )
+                )
+            seen_ids.add(dev.device_id)
+            dip = str(dev.device_ip)
+            if dip in device_ips:
+                problems.append(
+                    Problem(f"{dat}.device_ip", f"device IP listed twice (also {device_ips[dip]})", dip, "every NPU needs its own IP")
+                )
+            device_ips.setdefault(dip, f"{node.name} device {dev.device_id}")
+            if hardware.has_super_pods:
+                if dev.super_pod_id is None or dev.super_device_id is None:
+                    problems.append(
+                        Problem(dat, "A3 devices need super_pod_id and super_device_id", hint="run the facts playbook")
+                    )
+                else:
+                    key = (dev.super_pod_id, dev.super_device_id)
+                    if key in super_devices:
+                        problems.append(
+                            Problem(
+                                f"{dat}.super_device_id",
+                                f"super_device_id listed twice in super pod {dev.super_pod_id} (also {super_devices[key]})",
+                                dev.super_device_id,
+                            )
+                        )
+                    super_devices.setdefault(key, f"{node.name} device {dev.device_id}")
+        if hardware.has_super_pods:
+            pods = {d.super_pod_id for d in node.devices if d.super_pod_id is not None}
+            if len(pods) > 1:
+                problems.append(Problem(f"{at}.devices", f"node {node.name} has devices in several super pods", sorted(pods)))
+    return problems
+
+
+def check_stage_shapes(config: StackConfig, hardware: HardwareSpec, connector: str) -> list[Problem]:
+    """DP x TP = NPUs, TP fits a node, EP divides the expert slots, batch sizes, HBM fit."""
+    problems: list[Problem] = []
+    model = config.model
+    for role in ROLES:
+        stage = config.stage(role)
+        per_node = devices_per_node(config, role, hardware)
+        npus = stage.nodes_per_instance * per_node
+        if per_node > hardware.devices_per_node:
+            problems.append(
+                Problem(
+                    f"{role}.devices_per_node",
+                    f"{hardware.display_name} nodes have {hardware.devices_per_node} devices",
+                    per_node,
+                )
+            )
+        if stage.dp * stage.tp != npus:
+            problems.append(
+                Problem(
+                    f"{role}.dp",
+                    f"dp x tp = {stage.dp} x {stage.tp} = {stage.dp * stage.tp} must equal the instance's NPUs, "
+                    f"nodes_per_instance x devices_per_node = {stage.nodes_per_instance} x {per_node} = {npus}",
+                    stage.dp,
+                    f"for tp={stage.tp} set dp to {npus // stage.tp}" if npus % stage.tp == 0 else "change tp or the node count",
+                )
+            )
+        if per_node % stage.tp:
+            problems.append(
+                Problem(f"{role}.tp", f"tp must divide the {per_node} NPUs an instance uses per node", stage.tp)
+            )
+        slots = model.num_routed_experts + stage.redundant_experts
+        if stage.ep not in (1, stage.dp * stage.tp):
+            problems.append(
+                Problem(
+                    f"{role}.ep",
+                    f"expert parallelism spans all dp x tp = {stage.dp * stage.tp} NPUs of the instance",
+                    stage.ep,
+                    f"set ep to {stage.dp * stage.tp} (or 1 to disable)",
+                )
+            )
+        elif slots % stage.ep:
+            fix = math.ceil(slots / stage.ep) * stage.ep - model.num_routed_experts
+            problems.append(
+                Problem(
+                    f"{role}.ep",
+                    f"ep must divide the {slots} expert slots ({model.num_routed_experts} experts + "
+                    f"{stage.redundant_experts} redundant)",
+                    stage.ep,
+                    f"set redundant_experts to {fix}",
+                )
+            )
+        shape_ok = not any(p.path.startswith(role + ".") for p in problems)
+        if stage.max_num_batched_tokens < stage.max_num_seqs:
+            problems.append(
+                Problem(
+                    f"{role}.max_num_batched_tokens",
+                    "must be at least max_num_seqs",
+                    stage.max_num_batched_tokens,
+                    f"set it to {stage.max_num_seqs} or more",
+                )
+            )
+        if stage.context_len > model.max_model_len:
+            problems.append(
+                Problem(f"{role}.context_len", f"exceeds model.max_model_len {model.max_model_len}", stage.context_len)
+            )
+        if shape_ok:
+            mem = estimate_memory(model, stage, hardware)
+            if mem.total_gib > mem.budget_gib:
+                per_seq = mem.kv_cache_gib / stage.max_num_seqs
+                room = mem.budget_gib - mem.weights_gib - mem.reserve_gib
+                fit = max(int(room / per_seq), 0) if per_seq else 0
+                problems.append(
+                    Problem(
+                        f"{role}.max_num_seqs",
+                        f"HBM overflow: weights {mem.weights_gib} GiB + KV cache {mem.kv_cache_gib} GiB + "
+                        f"reserve {mem.reserve_gib} GiB = {mem.total_gib} GiB per NPU > budget {mem.budget_gib} GiB "
+                        f"({mem.hbm_gib} GiB x gpu_memory_utilization {stage.gpu_memory_utilization})",
+                        stage.max_num_seqs,
+                        f"at most {fit} sequences fit at context_len {stage.context_len}; or raise ep / lower context_len"
+                        if fit
+                        else "the weights alone do not fit: raise ep or tp",
+                    )
+                )
+    if connector == "mooncake" and config.prefill.tp < config.decode.tp:
+        problems.append(
+            Problem(
+                "decode.tp",
+                f"Mooncake needs prefill tp >= decode tp (prefill tp is {config.prefill.tp})",
+                config.decode.tp,
+                f"set decode.tp to {config.prefill.tp} or less",
+            )
+        )
+    return problems
+
+
+def port_ranges(config: StackConfig, hardware: HardwareSpec, connector: str, instance_count: int) -> dict[str, range]:
+    """Every port range the Plan will use, by the key that sets its base."""
+    ports = config.ports
+    kv_base = ports.kv_base or hardware.recommended_kv_port_base
+    ranges = {
+        "ports.api_base": range(ports.api_base, ports.api_base + instance_count),
+        "ports.dp_rpc_base": range(ports.dp_rpc_base, ports.dp_rpc_base + instance_count),
+        "ports.kv_base": range(kv_base, kv_base + instance_count * hardware.devices_per_node),
+        "ports.proxy": range(ports.proxy, ports.proxy + 1),
+        "ports.balancer_metrics": range(ports.balancer_metrics, ports.balancer_metrics + 1),
+    }
+    if connector == "llmdatadist":
+        ranges["ports.rpc_base"] = range(ports.rpc_base, ports.rpc_base + instance_count)
+    return ranges
+
+
+def check_ports(config: StackConfig, hardware: HardwareSpec, connector: str, instance_count: int) -> list[Problem]:
+    """No two port ranges overlap and none runs past 65535."""
+    problems: list[Problem] = []
+    ranges = port_ranges(config, hardware, connector, instance_count)
+    keys = list(ranges)
+    for i, key in enumerate(keys):
+        span = ranges[key]
+        if span.stop - 1 > 65535:
+            problems.append(Problem(key, f"ports {span.start}-{span.stop - 1} run past 65535", span.start))
+        for other in keys[i + 1 :]:
+            o = ranges[other]
+            if span.start < o.stop and o.start < span.stop:
+                problems.append(
+                    Problem(
+                        other,
+                        f"ports {o.start}-{o.stop - 1} collide with {key} ports {span.start}-{span.stop - 1}",
+                        o.start,
+                        f"move {other} outside {span.start}-{span.stop - 1}",
+                    )
+                )
+    return problems

@@ -1,0 +1,107 @@
+"""Admin HTTP API: add, remove, drain and list instances (Bearer-token guarded).
+
+POST /admin/instances/add     {"name"?, "role", "url", "weight"?} or {"instances": [...]}
+POST /admin/instances/remove  {"name": N} or {"names": [...]}
+POST /admin/instances/drain   {"name": N, "drain": true|false}
+GET  /admin/instances         -> {"instances": [...], "summary": {...}}
+
+Without ``Authorization: Bearer <token>`` the answer is 401; if the proxy was
+started without an admin token every admin call is refused with 403.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from ascend_runtime.proxy.instances import InstanceSpecError, check_unique, spec_from_mapping
+from ascend_runtime.proxy.pool import InstancePool
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _err(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+
+
+def guarded(token: str | None, handler: Handler) -> Handler:
+    """Wrap ``handler`` so it runs only with the right bearer token."""
+
+    async def wrapper(request: web.Request) -> web.StreamResponse:
+        if not token:
+            return _err(403, "admin API disabled: start the proxy with --admin-token-env VAR")
+        auth = request.headers.get("Authorization", "")
+        scheme, _, given = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+            return web.json_response({"error": {"message": "missing or invalid bearer token", "code": 401}},
+                                     status=401, headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    return wrapper
+
+
+async def _json(request: web.Request) -> dict[str, Any]:
+    try:
+        data = json.loads(await request.read() or b"{}")
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text=f"invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise web.HTTPBadRequest(text="expected a JSON object")
+    return data
+
+
+class AdminApi:
+    """Routes operating on ``pool``; admin-added instances have source ``admin``."""
+
+    def __init__(self, pool: InstancePool, token: str | None):
+        self.pool = pool
+        self.token = token
+
+    def routes(self) -> list[web.RouteDef]:
+        g = lambda h: guarded(self.token, h)  # noqa: E731
+        return [
+            web.post("/admin/instances/add", g(self.add)),
+            web.post("/admin/instances/remove", g(self.remove)),
+            web.post("/admin/instances/drain", g(self.drain)),
+            web.get("/admin/instances", g(self.list)),
+        ]
+
+    def _listing(self) -> dict[str, Any]:
+        now = self.pool.clock()
+        return {"instances": [s.snapshot(now) for s in self.pool.all()], "summary": self.pool.summary()}
+
+    async def add(self, request: web.Request) -> web.Response:
+        data = await _json(request)
+        items = data.get("instances", [data])
+        try:
+            specs = [spec_from_mapping(i) for i in items]
+            check_unique(specs)
+        except (InstanceSpecError, TypeError, ValueError) as exc:
+            return _err(400, str(exc))
+        for spec in specs:
+            self.pool.add(spec, source="admin")
+        return web.json_response({"added": [s.name for s in specs], **self._listing()})
+
+    async def remove(self, request: web.Request) -> web.Response:
+        data = await _json(request)
+        names = data.get("names") or [data.get("name")]
+        missing = [n for n in names if not n or self.pool.get(n) is None]
+        if missing:
+            return _err(404, f"unknown instance(s): {missing}")
+        for name in names:
+            self.pool.remove(name)
+        return web.json_response({"removed": names, **self._listing()})
+
+    async def drain(self, request: web.Request) -> web.Response:
+        data = await _json(request)
+        name = data.get("name")
+        if not name or not self.pool.drain(name, bool(data.get("drain", True))):
+            return _err(404, f"unknown instance: {name!r}")
+        return web.json_response({"drained" if data.get("drain", True) else "undrained": name, **self._listing()})
+
+    async def list(self, request: web.Request) -> web.Response:
+        return web.json_response(self._listing())

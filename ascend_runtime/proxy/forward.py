@@ -1,0 +1,413 @@
+"""One client request through the PD flow: prefill, decode, relay.
+
+The decode body is relayed byte for byte (only regrouped on SSE event
+boundaries so a ``recomputed`` event can be held back). Failure policy:
+
+- prefill fails (connect error, 5xx, timeout): retried on another prefill
+  instance, up to ``max_attempts`` instances;
+- decode fails before the client got any byte: a new prefill + decode pair is
+  tried (never the failed decode), up to ``max_attempts`` decodes;
+- decode fails after bytes were relayed: the client gets one SSE error event
+  and ``[DONE]``; nothing is replayed;
+- the client disconnects: the handler is cancelled, which closes the upstream
+  connections (the engine aborts the request);
+- a 4xx answer from an instance is relayed to the client unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from ascend_runtime.proxy.config import ProxyConfig
+from ascend_runtime.proxy.metrics import ProxyMetrics
+from ascend_runtime.proxy.pd import (
+    RECOMPUTED,
+    RecomputeTracker,
+    build_decode_request,
+    build_prefill_request,
+    error_body,
+    estimate_prompt_tokens,
+    sse_error_event,
+    sse_events,
+)
+from ascend_runtime.proxy.pool import InstancePool, InstanceState, NoInstanceError
+
+log = logging.getLogger(__name__)
+
+HARD_ERRORS = (aiohttp.ClientConnectorError,)
+MID_STREAM_ERRORS = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, ConnectionResetError,
+                     aiohttp.ClientOSError)
+
+
+class UpstreamFailure(Exception):
+    """An instance failed a request. ``hard``: it looks unreachable."""
+
+    def __init__(self, state: InstanceState, reason: str, hard: bool = False):
+        super().__init__(f"{state.name}: {reason}")
+        self.state, self.reason, self.hard = state, reason, hard
+
+
+@dataclass
+class ClientAnswer(Exception):
+    """An instance's 4xx answer, to be relayed to the client as is."""
+
+    status: int
+    body: bytes
+    content_type: str
+
+
+def _failure_from(state: InstanceState, exc: BaseException, what: str) -> UpstreamFailure:
+    if isinstance(exc, HARD_ERRORS):
+        return UpstreamFailure(state, f"{what}: unreachable ({exc.__class__.__name__})", hard=True)
+    if isinstance(exc, asyncio.TimeoutError):
+        return UpstreamFailure(state, f"{what}: timed out")
+    return UpstreamFailure(state, f"{what}: {exc.__class__.__name__}: {exc}")
+
+
+def _json_response(status: int, message: str, err_type: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(error_body(message, status, err_type), status=status, headers=headers)
+
+
+class Forwarder:
+    """Runs the PD flow for ``/v1/completions`` and ``/v1/chat/completions``."""
+
+    def __init__(self, config: ProxyConfig, pool: InstancePool, metrics: ProxyMetrics,
+                 session: aiohttp.ClientSession):
+        self.cfg = config
+        self.pool = pool
+        self.metrics = metrics
+        self.session = session
+        self.prefill_timeout = aiohttp.ClientTimeout(
+            total=config.prefill_timeout_s, sock_connect=config.connect_timeout_s)
+        self.decode_timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout_s, sock_read=config.stream_idle_timeout_s)
+
+    # ---------------------------------------------------------------- entry point
+    async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
+        """Serve one completion request arriving at ``path`` (``/v1/completions`` ...)."""
+        t0 = time.perf_counter()
+        outcome = "upstream_error"
+        try:
+            try:
+                req = json.loads(await request.read())
+                if not isinstance(req, dict):
+                    raise ValueError("body is not a JSON object")
+            except ValueError as exc:
+                outcome = "client_error"
+                return _json_response(400, f"invalid JSON request: {exc}", "invalid_request_error")
+            resp, outcome = await self._run(request, path, req, t0)
+            return resp
+        except asyncio.CancelledError:
+            outcome = "client_disconnect"
+            raise
+        finally:
+            self.metrics.requests.labels(path, outcome).inc()
+            self.metrics.e2e.observe(time.perf_counter() - t0)
+
+    def _headers(self, request: web.Request, request_id: str) -> dict[str, str]:
+        h = {"Content-Type": "application/json", "X-Request-Id": request_id, "Accept-Encoding": "identity"}
+        auth = request.headers.get("Authorization")
+        if auth:
+            h["Authorization"] = auth
+        return h
+
+    async def _run(self, request: web.Request, path: str, req: dict[str, Any],
+                   t0: float) -> tuple[web.StreamResponse, str]:
+        stream = bool(req.get("stream", False))
+        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        headers = self._headers(request, request_id)
+        tracker = RecomputeTracker.for_request(req)
+        failed_decodes: set[str] = set()
+        client_resp: web.StreamResponse | None = None
+        current = req
+        while True:
+            try:
+                self.pool.pick("decode", failed_decodes)  # fail fast, before any prefill work
+                p_state, p_tokens, kv_answer = await self._prefill(path, current, headers)
+            except NoInstanceError as exc:
+                return await self._fail(client_resp, 503, str(exc), "service_unavailable"), "no_instance"
+            except ClientAnswer as ans:
+                if client_resp is not None:
+                    return await self._fail(client_resp, ans.status, ans.body.decode(errors="replace"),
+                                            "upstream_error"), "stream_error"
+                return web.Response(status=ans.status, body=ans.body, content_type=ans.content_type), "client_error"
+            decode_req = build_decode_request(current, kv_answer)
+            try:
+                d_state = self.pool.pick("decode", failed_decodes)
+            except NoInstanceError as exc:
+                self.pool.end(p_state, p_tokens)
+                return await self._fail(client_resp, 503, str(exc), "service_unavailable"), "no_instance"
+            self.metrics.decisions.labels("decode", d_state.name).inc()
+            result = await self._decode(request, path, decode_req, headers, p_state, p_tokens, d_state,
+                                        stream, tracker, client_resp, t0)
+            kind = result[0]
+            if kind == "done":
+                return result[1], "success"
+            if kind == "client_error":
+                return result[1], "client_error"
+            if kind == "retry":  # failed before the client saw a byte of this attempt
+                failed_decodes.add(d_state.name)
+                if client_resp is None and len(failed_decodes) < self.cfg.max_attempts:
+                    self.metrics.retries.labels("decode", "failed_before_first_byte").inc()
+                    continue
+                msg = f"decode failed on {', '.join(sorted(failed_decodes))}: {result[2]}"
+                if client_resp is not None:
+                    return await self._fail(client_resp, 502, msg, "upstream_error"), "stream_error"
+                return _json_response(502, msg, "upstream_error"), "upstream_error"
+            if kind == "stream_error":
+                return result[1], "stream_error"
+            if kind == "client_gone":
+                return result[1], "client_disconnect"
+            if kind == "recompute":
+                client_resp = result[1]
+                self.metrics.recomputes.inc()
+                current = tracker.continue_request()
+                continue
+            raise AssertionError(kind)
+
+    async def _fail(self, client_resp: web.StreamResponse | None, status: int, message: str,
+                    err_type: str) -> web.StreamResponse:
+        """Error answer: JSON if nothing was sent yet, else a final SSE error event."""
+        if client_resp is None:
+            return _json_response(status, message, err_type)
+        try:
+            await client_resp.write(sse_error_event(message, status, err_type))
+            await client_resp.write_eof()
+        except (ConnectionResetError, RuntimeError):
+            pass
+        return client_resp
+
+    # ---------------------------------------------------------------- prefill
+    async def _prefill(self, path: str, req: dict[str, Any],
+                       headers: dict[str, str]) -> tuple[InstanceState, int, dict[str, Any]]:
+        """Run the prefill on the least-loaded prefill instance, retrying elsewhere.
+
+        Returns (instance, prompt tokens charged to it, prefill JSON answer). The
+        caller must ``pool.end(instance, tokens)`` once decode starts or fails.
+        """
+        payload = json.dumps(build_prefill_request(req)).encode()
+        tokens = estimate_prompt_tokens(req)
+        tried: set[str] = set()
+        last = ""
+        while len(tried) < self.cfg.max_attempts:
+            try:
+                state = self.pool.pick("prefill", tried)
+            except NoInstanceError as exc:
+                if tried:
+                    raise NoInstanceError("prefill", {**exc.reasons, "last error": last}) from None
+                raise
+            tried.add(state.name)
+            self.metrics.decisions.labels("prefill", state.name).inc()
+            self.pool.begin(state, tokens)
+            ok = False
+            try:
+                async with self.session.post(state.spec.url + path, data=payload, headers=headers,
+                                             timeout=self.prefill_timeout) as resp:
+                    body = await resp.read()
+                    if resp.status >= 500:
+                        raise UpstreamFailure(state, f"prefill returned {resp.status}")
+                    if resp.status != 200:
+                        raise ClientAnswer(resp.status, body, resp.content_type or "application/json")
+                    answer = json.loads(body)
+                ok = True
+                self.pool.record_success(state)
+                return state, tokens, answer
+            except ClientAnswer:
+                raise
+            except UpstreamFailure as exc:
+                last = exc.reason
+                self.pool.record_failure(state, exc.reason)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                failure = _failure_from(state, exc, "prefill")
+                last = failure.reason
+                self.pool.record_failure(state, failure.reason, failure.hard)
+            finally:
+                if not ok:
+                    self.pool.end(state, tokens)
+            self.metrics.retries.labels("prefill", "prefill_failed").inc()
+        raise NoInstanceError("prefill", {n: "failed for this request" for n in tried} | {"last error": last})
+
+    # ---------------------------------------------------------------- decode
+    async def _decode(self, request: web.Request, path: str, decode_req: dict[str, Any], headers: dict[str, str],
+                      p_state: InstanceState, p_tokens: int, d_state: InstanceState, stream: bool,
+                      tracker: RecomputeTracker, client_resp: web.StreamResponse | None,
+                      t0: float) -> tuple[Any, ...]:
+        """Send ``decode_req`` to ``d_state`` and relay the answer.
+
+        Returns ("done", resp) | ("client_error", resp) | ("retry", None, reason)
+        | ("stream_error", resp) | ("recompute", resp).
+        """
+        pool = self.pool
+        prefill_held = True
+        pool.begin(d_state)
+        upstream: aiohttp.ClientResponse | None = None
+        clean = False
+        try:
+            try:
+                async with asyncio.timeout(self.cfg.first_token_timeout_s if stream else None):
+                    upstream = await self.session.post(d_state.spec.url + path, data=json.dumps(decode_req).encode(),
+                                                       headers=headers, timeout=self.decode_timeout)
+                    if upstream.status != 200:
+                        body = await upstream.read()
+                        if upstream.status >= 500:
+                            raise UpstreamFailure(d_state, f"decode returned {upstream.status}")
+                        clean = True
+                        if client_resp is None:
+                            return ("client_error", web.Response(status=upstream.status, body=body,
+                                                                 content_type=upstream.content_type))
+                        return ("stream_error", await self._fail(client_resp, upstream.status,
+                                                                 body.decode(errors="replace"), "upstream_error"))
+                    first = await (upstream.content.readany() if stream else upstream.read())
+            except (aiohttp.ClientError, asyncio.TimeoutError, UpstreamFailure) as exc:
+                failure = exc if isinstance(exc, UpstreamFailure) else _failure_from(d_state, exc, "decode")
+                pool.record_failure(d_state, failure.reason, failure.hard)
+                return ("retry", None, failure.reason)
+            if not first:
+                pool.record_failure(d_state, "decode closed the stream before the first byte")
+                return ("retry", None, "decode closed the stream before the first byte")
+            pool.end(p_state, p_tokens)
+            prefill_held = False
+            if not stream:
+                clean = True
+                return self._finish_json(upstream, first, p_state, d_state, tracker, t0)
+            result = await self._relay_stream(request, upstream, first, p_state, d_state, tracker, client_resp, t0)
+            clean = result[0] == "done"
+            return result
+        finally:
+            if upstream is not None:
+                upstream.release() if clean else upstream.close()
+            if prefill_held:
+                pool.end(p_state, p_tokens)
+            pool.end(d_state)
+
+    def _response_headers(self, p_state: InstanceState, d_state: InstanceState,
+                          upstream: aiohttp.ClientResponse) -> dict[str, str]:
+        return {
+            "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+            "x-prefill-instance": p_state.name,
+            "x-decode-instance": d_state.name,
+        }
+
+    def _finish_json(self, upstream: aiohttp.ClientResponse, body: bytes, p_state: InstanceState,
+                     d_state: InstanceState, tracker: RecomputeTracker, t0: float) -> tuple[Any, ...]:
+        """Non-streaming answer: check for a recompute, else relay the body unchanged."""
+        self.pool.record_success(d_state)
+        if tracker.retries or RECOMPUTED.encode() in body:
+            try:
+                answer = json.loads(body)
+                choice = (answer.get("choices") or [{}])[0]
+                usage = int((answer.get("usage") or {}).get("completion_tokens", 0))
+            except (ValueError, AttributeError, IndexError, TypeError):
+                answer, choice, usage = None, {}, 0
+            if answer is not None:
+                if tracker.add_choice(choice, usage):
+                    return ("recompute", None)
+                if tracker.retries:
+                    body = json.dumps(tracker.finalize_json(answer)).encode()
+        self.metrics.ttft.observe(time.perf_counter() - t0)
+        return ("done", web.Response(body=body, headers=self._response_headers(p_state, d_state, upstream)))
+
+    async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, first: bytes,
+                            p_state: InstanceState, d_state: InstanceState, tracker: RecomputeTracker,
+                            client_resp: web.StreamResponse | None, t0: float) -> tuple[Any, ...]:
+        """Relay SSE bytes from ``upstream`` to the client until EOF, error or recompute."""
+        m = self.metrics
+        if client_resp is None:
+            client_resp = web.StreamResponse(status=200, headers=self._response_headers(p_state, d_state, upstream))
+            await client_resp.prepare(request)
+            m.ttft.observe(time.perf_counter() - t0)
+        history: list[bytes] = []
+        pending = b""
+        chunk = first
+        itl_observe = m.itl.observe
+        last = time.perf_counter()
+        relayed = 0
+        read = upstream.content.readany
+        write = client_resp.write
+        try:
+            while chunk:
+                if pending or not chunk.endswith(b"\n\n"):
+                    pending += chunk
+                    cut = pending.rfind(b"\n\n")
+                    if cut < 0:
+                        chunk = await read()
+                        continue
+                    out, pending = pending[: cut + 2], pending[cut + 2:]
+                else:
+                    out = chunk
+                recompute = False
+                if b"recomputed" in out:
+                    out, recompute = self._split_recompute(out, history, tracker)
+                else:
+                    history.append(out)
+                if out:
+                    try:
+                        await write(out)
+                    except ConnectionError:
+                        return ("client_gone", client_resp)
+                if recompute:
+                    self.pool.record_success(d_state)
+                    return ("recompute", client_resp)
+                relayed += 1
+                now = time.perf_counter()
+                itl_observe(now - last)
+                last = now
+                chunk = await read()
+            if pending:
+                try:
+                    await write(pending)
+                except ConnectionError:
+                    return ("client_gone", client_resp)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            return await self._stream_error(client_resp, d_state, exc)
+        except ConnectionError:
+            return ("client_gone", client_resp)
+        finally:
+            m.chunks.inc(relayed)
+        self.pool.record_success(d_state)
+        await client_resp.write_eof()
+        return ("done", client_resp)
+
+    async def _stream_error(self, client_resp: web.StreamResponse, d_state: InstanceState,
+                            exc: BaseException) -> tuple[Any, ...]:
+        """Decode died after bytes were relayed: end the client's stream with an error event."""
+        hard = isinstance(exc, MID_STREAM_ERRORS + HARD_ERRORS)
+        reason = ("decode stream broke: " + exc.__class__.__name__) if hard else "decode stream stalled (idle timeout)"
+        self.pool.record_failure(d_state, ("unreachable, " if hard else "") + reason, hard)
+        log.warning("decode %s failed mid-stream: %s", d_state.name, exc)
+        return ("stream_error", await self._fail(
+            client_resp, 502, f"decode instance {d_state.name} failed mid-stream ({reason}); "
+            "the answer is incomplete and was not retried", "upstream_error"))
+
+    def _split_recompute(self, blob: bytes, history: list[bytes],
+                         tracker: RecomputeTracker) -> tuple[bytes, bool]:
+        """Find a ``stop_reason == recomputed`` event in ``blob`` (complete events).
+
+        Returns (bytes to relay, recompute?). On a recompute the events before it
+        are relayed, and the tracker is fed every relayed event so far plus the
+        recomputed one (as the reference proxy counts them).
+        """
+        parts = blob.split(b"\n\n")
+        for i, raw in enumerate(parts):
+            if b"recomputed" not in raw:
+                continue
+            events = sse_events(raw + b"\n\n")
+            if not any(c.get("stop_reason") == RECOMPUTED for e in events for c in e.get("choices") or []):
+                continue
+            before = b"\n\n".join(parts[:i]) + (b"\n\n" if i else b"")
+            for event in sse_events(b"".join(history) + before + raw + b"\n\n"):
+                choices = event.get("choices") or []
+                if choices:
+                    tracker.add_choice(choices[0], None)
+            return before, True
+        history.append(blob)
+        return blob, False

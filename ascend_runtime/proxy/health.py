@@ -1,0 +1,99 @@
+"""Active health checks and load scraping of every instance.
+
+Every ``interval_s`` each instance gets ``GET /health`` (200 = healthy) and, if
+healthy, ``GET /metrics`` from which ``vllm:kv_cache_usage_perc`` (0..1,
+averaged over label sets such as DP ranks) and ``vllm:num_requests_waiting``
+(summed) refine routing. A failed scrape leaves the last values untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aiohttp
+
+from ascend_runtime.proxy.pool import InstancePool, InstanceState
+
+log = logging.getLogger(__name__)
+
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+WAITING = "vllm:num_requests_waiting"
+
+
+def parse_vllm_load(text: str) -> tuple[float | None, float | None]:
+    """Return (kv cache usage 0..1 averaged, requests waiting summed) from exposition text."""
+    kv: list[float] = []
+    waiting: list[float] = []
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        try:
+            value = float(line.rsplit(" ", 1)[1]) if "}" not in line else float(line.rsplit("}", 1)[1].split()[0])
+        except (IndexError, ValueError):
+            continue
+        if name in KV_USAGE:
+            kv.append(value)
+        elif name == WAITING:
+            waiting.append(value)
+    return (sum(kv) / len(kv) if kv else None, sum(waiting) if waiting else None)
+
+
+class HealthChecker:
+    """Background task probing every instance of ``pool``."""
+
+    def __init__(self, pool: InstancePool, session: aiohttp.ClientSession, interval_s: float, timeout_s: float):
+        self.pool = pool
+        self.session = session
+        self.interval_s = interval_s
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.interval_s > 0 and self._task is None:
+            self._task = asyncio.create_task(self._run(), name="proxy-health")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await self.check_all()
+            await asyncio.sleep(self.interval_s)
+
+    async def check_all(self) -> None:
+        """Probe every non-removed instance once, concurrently."""
+        states = [s for s in self.pool.all() if not s.removed]
+        if states:
+            await asyncio.gather(*(self.check(s) for s in states), return_exceptions=True)
+
+    async def check(self, state: InstanceState) -> bool:
+        """Probe one instance; update health and scraped load. Returns health."""
+        url = state.spec.url
+        try:
+            async with self.session.get(url + "/health", timeout=self.timeout) as resp:
+                await resp.read()
+                ok, reason = resp.status == 200, f"/health returned {resp.status}"
+        except asyncio.TimeoutError:
+            ok, reason = False, f"/health timed out after {self.timeout.total}s"
+        except aiohttp.ClientError as exc:
+            ok, reason = False, f"/health unreachable: {exc.__class__.__name__}"
+        self.pool.record_health(state, ok, "" if ok else reason)
+        if ok:
+            try:
+                async with self.session.get(url + "/metrics", timeout=self.timeout) as resp:
+                    if resp.status == 200:
+                        kv, waiting = parse_vllm_load(await resp.text())
+                        if kv is not None:
+                            state.kv_usage = kv
+                        if waiting is not None:
+                            state.waiting = waiting
+            except (asyncio.TimeoutError, aiohttp.ClientError):
+                log.debug("metrics scrape of %s failed", state.name)
+        return ok

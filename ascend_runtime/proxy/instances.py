@@ -1,0 +1,139 @@
+"""Instance descriptions: what the proxy routes to, built from plain data.
+
+An instance is one engine API server (one vLLM-Ascend instance, or a simulator)
+with a role (``prefill`` or ``decode``), a unique name and a base URL such as
+``http://10.0.0.5:8000``. Every discovery source (command line, file, Plan,
+Kubernetes, admin API) reduces to a list of :class:`InstanceSpec`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+
+Role = Literal["prefill", "decode"]
+ROLES: tuple[Role, Role] = ("prefill", "decode")
+
+
+class InstanceSpecError(ValueError):
+    """An instance description is malformed (bad role, URL, duplicate name)."""
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    """One routable engine instance.
+
+    name: unique across both roles; reported in ``x-prefill-instance`` /
+    ``x-decode-instance`` headers and metric labels.
+    role: ``prefill`` or ``decode``.
+    url: base URL without trailing slash and without ``/v1`` (``http://h:p``).
+    weight: relative capacity (> 0); load scores are divided by it.
+    """
+
+    name: str
+    role: Role
+    url: str
+    weight: float = 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form, the inverse of :func:`spec_from_mapping`."""
+        return {"name": self.name, "role": self.role, "url": self.url, "weight": self.weight}
+
+
+def normalize_url(url: str) -> str:
+    """Return ``scheme://host:port`` for ``url``; accept ``host:port`` without scheme.
+
+    A trailing ``/`` or ``/v1`` is dropped. Raises InstanceSpecError if no host.
+    """
+    raw = url.strip()
+    if "://" not in raw:
+        raw = "http://" + raw
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InstanceSpecError(f"invalid instance URL {url!r}: expected http://host:port")
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+def default_name(role: str, url: str) -> str:
+    """Name used when none is given: ``<role>-<host>:<port>``."""
+    parts = urlsplit(url)
+    return f"{role}-{parts.netloc}"
+
+
+def spec_from_mapping(data: Mapping[str, Any]) -> InstanceSpec:
+    """Build a spec from ``{name?, role, url, weight?}`` (the Plan/file/admin shape)."""
+    role = str(data.get("role", "")).strip().lower()
+    if role not in ROLES:
+        raise InstanceSpecError(f"instance {dict(data)!r}: role must be 'prefill' or 'decode'")
+    if not data.get("url"):
+        raise InstanceSpecError(f"instance {dict(data)!r}: missing 'url'")
+    url = normalize_url(str(data["url"]))
+    name = str(data.get("name") or default_name(role, url))
+    weight = float(data.get("weight", 1.0))
+    if weight <= 0:
+        raise InstanceSpecError(f"instance {name!r}: weight must be > 0, got {weight}")
+    return InstanceSpec(name=name, role=role, url=url, weight=weight)  # type: ignore[arg-type]
+
+
+def parse_cli_instance(role: Role, text: str) -> InstanceSpec:
+    """Parse a ``--prefill``/``--decode`` value: ``URL[,name=NAME][,weight=W]``."""
+    url, *opts = [p.strip() for p in text.split(",") if p.strip()]
+    data: dict[str, Any] = {"role": role, "url": url}
+    for opt in opts:
+        key, sep, value = opt.partition("=")
+        if not sep or key not in ("name", "weight"):
+            raise InstanceSpecError(f"bad option {opt!r} in {text!r}: use URL[,name=NAME][,weight=W]")
+        data[key] = value
+    return spec_from_mapping(data)
+
+
+def specs_from_data(items: Iterable[Mapping[str, Any]]) -> list[InstanceSpec]:
+    """Build and validate a list of specs from plain data (names must be unique).
+
+    This is the seam the deployment Plan (``--stack NAME``) feeds: a list of
+    ``{name, role, url}`` dicts.
+    """
+    specs = [spec_from_mapping(item) for item in items]
+    check_unique(specs)
+    return specs
+
+
+def check_unique(specs: Iterable[InstanceSpec]) -> None:
+    """Raise InstanceSpecError if two specs share a name."""
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise InstanceSpecError(f"duplicate instance name {spec.name!r}")
+        seen.add(spec.name)
+
+
+def load_instances_file(path: str | Path) -> list[InstanceSpec]:
+    """Read a YAML or JSON instances file.
+
+    Accepted shapes: a list of ``{name, role, url, weight?}``; or a mapping with
+    ``instances: [...]``; or a mapping ``{prefill: [url | {...}], decode: [...]}``.
+    """
+    text = Path(path).read_text()
+    data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    if data is None:
+        return []
+    if isinstance(data, Mapping) and "instances" in data:
+        data = data["instances"]
+    if isinstance(data, Mapping):
+        items: list[Mapping[str, Any]] = []
+        for role in ROLES:
+            for entry in data.get(role) or []:
+                items.append({"role": role, "url": entry} if isinstance(entry, str) else {"role": role, **entry})
+        data = items
+    if not isinstance(data, list):
+        raise InstanceSpecError(f"{path}: expected a list of instances or a prefill/decode mapping")
+    return specs_from_data(data)

@@ -1,0 +1,75 @@
+"""Prometheus metrics of the proxy, in a registry of its own (one per proxy).
+
+Names (all prefixed ``ascend_proxy_``):
+  requests_total{endpoint,outcome}          counter; outcome in success, client_error,
+                                            upstream_error, no_instance, stream_error,
+                                            client_disconnect
+  ttft_seconds / itl_seconds / e2e_seconds   histograms measured at the proxy (seconds):
+                                            first relayed byte after arrival, gaps between
+                                            relayed upstream chunks, last byte after arrival
+  inflight{role,instance}                   gauge of requests currently on each instance
+  routing_decisions_total{role,instance}    counter of picks
+  retries_total{role,reason}                counter of attempts moved to another instance
+  ejections_total{role,instance,reason}     counter; reason in failures, unreachable,
+                                            health_check
+  recomputes_total                          decode answers continued after stop_reason=recomputed
+  relayed_chunks_total                      upstream body chunks relayed to clients
+  instance_routable{role,instance}          1 if routable now (refreshed on scrape)
+  instance_kv_cache_usage{role,instance}    last scraped vllm:kv_cache_usage_perc
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ascend_runtime.proxy.pool import InstancePool, InstanceState
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+
+
+class ProxyMetrics:
+    """Holds the collectors; call :meth:`render` for the ``/metrics`` body."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        p = "ascend_proxy_"
+        self.requests = Counter(p + "requests", "Client requests by outcome", ["endpoint", "outcome"], registry=r)
+        self.ttft = Histogram(p + "ttft_seconds", "Proxy-side time to first byte", buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(p + "itl_seconds", "Proxy-side gap between relayed chunks", buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram(p + "e2e_seconds", "Proxy-side request latency", buckets=LATENCY_BUCKETS, registry=r)
+        self.inflight = Gauge(p + "inflight", "Requests in flight per instance", ["role", "instance"], registry=r)
+        self.decisions = Counter(p + "routing_decisions", "Routing picks", ["role", "instance"], registry=r)
+        self.retries = Counter(p + "retries", "Attempts moved to another instance", ["role", "reason"], registry=r)
+        self.ejections = Counter(p + "ejections", "Instances taken out of rotation", ["role", "instance", "reason"],
+                                 registry=r)
+        self.recomputes = Counter(p + "recomputes", "Decode answers continued after recompute", registry=r)
+        self.chunks = Counter(p + "relayed_chunks", "Upstream body chunks relayed", registry=r)
+        self.routable = Gauge(p + "instance_routable", "1 if the instance takes new requests", ["role", "instance"],
+                              registry=r)
+        self.kv_usage = Gauge(p + "instance_kv_cache_usage", "Scraped vllm:kv_cache_usage_perc", ["role", "instance"],
+                              registry=r)
+
+    def on_pool_event(self, kind: str, state: InstanceState, reason: str) -> None:
+        """Hook for :class:`InstancePool` events."""
+        if kind == "eject":
+            short = "health_check" if reason.startswith("health check") else (
+                "unreachable" if "unreachable" in reason else "failures")
+            self.ejections.labels(state.role, state.name, short).inc()
+        elif kind == "remove":
+            for gauge in (self.inflight, self.routable, self.kv_usage):
+                try:
+                    gauge.remove(state.role, state.name)
+                except KeyError:
+                    pass
+
+    def render(self, pool: InstancePool) -> bytes:
+        """Refresh per-instance gauges from ``pool`` and return the exposition text."""
+        now = pool.clock()
+        for s in pool.all():
+            self.inflight.labels(s.role, s.name).set(s.inflight)
+            self.routable.labels(s.role, s.name).set(1 if s.routable(now) else 0)
+            if s.kv_usage is not None:
+                self.kv_usage.labels(s.role, s.name).set(s.kv_usage)
+        return generate_latest(self.registry)

@@ -1,0 +1,173 @@
+"""The vLLM-Ascend PD (prefill/decode) request protocol, as pure functions.
+
+Mirrors vllm-ascend ``examples/disaggregated_prefill_v1/
+load_balance_proxy_server_example.py``:
+
+1. the prefill instance gets a copy of the request with ``stream=false``,
+   ``max_tokens=1``, ``min_tokens=1`` (``max_completion_tokens=1`` if present),
+   no ``stream_options``, and the ``kv_transfer_params`` request block below;
+2. the ``kv_transfer_params`` of the prefill response are copied, as is, into
+   the original request, which goes to a decode instance;
+3. a decode answer whose choice has ``stop_reason == "recomputed"`` is
+   re-sent (new prefill, new decode) with prompt = original prompt + text so far
+   (chat: the first message's content) and ``max_tokens = original max_tokens -
+   tokens so far + number of recomputes``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+RECOMPUTED = "recomputed"
+
+
+def build_prefill_request(req: dict[str, Any]) -> dict[str, Any]:
+    """Return the prefill copy of client request ``req`` (``req`` is not modified)."""
+    payload = dict(req)
+    payload["kv_transfer_params"] = dict(PREFILL_KV_TRANSFER_PARAMS)
+    payload["stream"] = False
+    payload["max_tokens"] = 1
+    payload["min_tokens"] = 1
+    if "max_completion_tokens" in payload:
+        payload["max_completion_tokens"] = 1
+    payload.pop("stream_options", None)
+    return payload
+
+
+def build_decode_request(req: dict[str, Any], prefill_response: dict[str, Any]) -> dict[str, Any]:
+    """Return ``req`` plus the prefill response's ``kv_transfer_params`` (when it has any)."""
+    kv = prefill_response.get("kv_transfer_params")
+    if not kv:
+        return req
+    out = dict(req)
+    out["kv_transfer_params"] = kv
+    return out
+
+
+def _words(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value.split())
+    if isinstance(value, list):
+        if value and all(isinstance(v, int) for v in value):
+            return len(value)  # token ids
+        return sum(_words(v) for v in value)
+    if isinstance(value, dict):
+        return _words(value.get("content")) + _words(value.get("text"))
+    return 0
+
+
+def estimate_prompt_tokens(req: dict[str, Any]) -> int:
+    """Prompt size used for prefill routing: whitespace words (token-id lists count ids).
+
+    An estimate only (real tokenizers give ~1.3 tokens per English word); it
+    just has to rank instances by outstanding work. At least 1.
+    """
+    if "prompt" in req:
+        return max(1, _words(req["prompt"]))
+    return max(1, _words(req.get("messages") or []))
+
+
+@dataclass
+class RecomputeTracker:
+    """State needed to continue a decode answer that came back ``recomputed``.
+
+    Built from the client's original request; :meth:`continue_request` returns
+    the next request to send (same kv-less shape as the client's request).
+    """
+
+    original: dict[str, Any]
+    chat: bool = False
+    origin_prompt: Any = ""
+    origin_max_tokens: int = 16
+    generated: str = ""
+    completion_tokens: int = 0
+    retries: int = 0
+    current: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def for_request(cls, req: dict[str, Any]) -> "RecomputeTracker":
+        chat = "messages" in req and "prompt" not in req
+        if "prompt" in req:
+            prompt = req["prompt"]
+        elif chat and req.get("messages"):
+            prompt = req["messages"][0].get("content", "")
+        else:
+            prompt = ""
+        return cls(original=req, chat=chat, origin_prompt=prompt,
+                   origin_max_tokens=int(req.get("max_tokens", 16) or 16), current=req)
+
+    def add_choice(self, choice: dict[str, Any], usage_tokens: int | None) -> bool:
+        """Account one answer chunk/choice; return True if it asks for a recompute.
+
+        usage_tokens: None for a stream chunk (counts 1), else the answer's
+        ``usage.completion_tokens`` (non-stream).
+        """
+        delta = choice.get("delta") or {}
+        message = choice.get("message") or {}
+        self.generated += delta.get("content") or message.get("content") or choice.get("text") or ""
+        self.completion_tokens += 1 if usage_tokens is None else usage_tokens
+        return choice.get("stop_reason") == RECOMPUTED
+
+    def continue_request(self) -> dict[str, Any]:
+        """Next request after a recompute: prompt + text so far, reduced max_tokens."""
+        self.retries += 1
+        req = copy.deepcopy(self.original)
+        req.pop("kv_transfer_params", None)
+        if self.chat:
+            req["messages"][0]["content"] = f"{self.origin_prompt}{self.generated}"
+        else:
+            req["prompt"] = f"{self.origin_prompt}{self.generated}"
+        req["max_tokens"] = self.origin_max_tokens - self.completion_tokens + self.retries
+        self.current = req
+        return req
+
+    def finalize_json(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Non-stream final answer after recomputes: the choice carries all text so far."""
+        choices = body.get("choices") or []
+        if choices:
+            if self.chat:
+                choices[0].setdefault("message", {})["content"] = self.generated
+            else:
+                choices[0]["text"] = self.generated
+        return body
+
+
+def sse_events(blob: bytes) -> list[dict[str, Any]]:
+    """Parse the JSON ``data:`` events in ``blob`` (complete SSE events); skip [DONE] and junk."""
+    out = []
+    for raw in blob.split(b"\n\n"):
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            continue
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def sse_error_event(message: str, code: int = 502, err_type: str = "upstream_error") -> bytes:
+    """A clean, final SSE error event followed by ``[DONE]`` (OpenAI error shape)."""
+    err = {"error": {"message": message, "type": err_type, "code": code, "param": None}}
+    return b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+def error_body(message: str, code: int, err_type: str) -> dict[str, Any]:
+    """OpenAI-style JSON error body."""
+    return {"error": {"message": message, "type": err_type, "code": code, "param": None}}

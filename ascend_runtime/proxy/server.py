@@ -1,0 +1,190 @@
+"""The proxy HTTP server and its Python API.
+
+``handle = await start_proxy(config)`` serves until ``await handle.stop()``.
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+GET /health and /healthcheck, GET /metrics, and the admin API (admin.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from ascend_runtime.proxy.admin import AdminApi
+from ascend_runtime.proxy.config import ProxyConfig
+from ascend_runtime.proxy.discovery import FileDiscovery, KubernetesDiscovery
+from ascend_runtime.proxy.forward import Forwarder
+from ascend_runtime.proxy.health import HealthChecker
+from ascend_runtime.proxy.instances import InstanceSpec, check_unique
+from ascend_runtime.proxy.metrics import ProxyMetrics
+from ascend_runtime.proxy.pd import error_body
+from ascend_runtime.proxy.pool import InstancePool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Proxy:
+    """The proxy's parts, wired together; built by :func:`build_proxy`."""
+
+    config: ProxyConfig
+    pool: InstancePool
+    metrics: ProxyMetrics
+    session: aiohttp.ClientSession
+    forwarder: Forwarder
+    health: HealthChecker
+    app: web.Application
+    file_discovery: FileDiscovery | None = None
+    k8s_discovery: KubernetesDiscovery | None = None
+    extra_tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    def apply_static(self, specs: list[InstanceSpec], source: str = "static") -> None:
+        """Make the instances of ``source`` exactly ``specs`` (drains the ones that go away)."""
+        check_unique(specs)
+        added, removed = self.pool.sync(source, specs)
+        if added or removed:
+            log.info("instances from %s: added %s, removed %s", source, added, removed)
+
+
+@dataclass
+class ProxyHandle:
+    """A running proxy: ``url`` to send requests to, ``stop()`` to shut it down."""
+
+    proxy: Proxy
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pool(self) -> InstancePool:
+        return self.proxy.pool
+
+    def reload(self) -> bool:
+        """Re-read the instances file (what SIGHUP does); False if there is none or it is invalid."""
+        fd = self.proxy.file_discovery
+        return fd.reload() if fd is not None else False
+
+    async def stop(self) -> None:
+        p = self.proxy
+        if p.config.install_sighup:
+            try:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+        if p.k8s_discovery is not None:
+            p.k8s_discovery.stop()
+        if p.file_discovery is not None:
+            await p.file_discovery.stop()
+        await p.health.stop()
+        await self.runner.cleanup()
+        await p.session.close()
+
+
+def _health_payload(pool: InstancePool) -> tuple[int, dict[str, Any]]:
+    summary = pool.summary()
+    missing = [r for r in ("prefill", "decode") if summary[r]["routable"] == 0]
+    if not missing:
+        return 200, {"status": "ok", **summary}
+    reasons = []
+    for role in missing:
+        detail = "; ".join(f"{n}: {r}" for n, r in summary[role]["unavailable"].items()) or "none configured"
+        reasons.append(f"no available {role} instance ({detail})")
+    return 503, {"status": "unavailable", "reason": " and ".join(reasons), **summary}
+
+
+def build_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None) -> Proxy:
+    """Wire pool, metrics, client session, forwarder, health checker and routes (needs a running loop)."""
+    metrics = ProxyMetrics()
+    pool = InstancePool(weights=config.weights, eject_after=config.eject_after,
+                        eject_duration_s=config.eject_duration_s, on_event=metrics.on_pool_event)
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=60, keepalive_timeout=30)
+    session = aiohttp.ClientSession(connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",))
+    forwarder = Forwarder(config, pool, metrics, session)
+    health = HealthChecker(pool, session, config.health_interval_s, config.health_timeout_s)
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    proxy = Proxy(config, pool, metrics, session, forwarder, health, app, k8s_discovery=k8s)
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        return await forwarder.handle(request, "/v1/completions")
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        return await forwarder.handle(request, "/v1/chat/completions")
+
+    async def health_route(request: web.Request) -> web.Response:
+        status, body = _health_payload(pool)
+        return web.json_response(body, status=status)
+
+    async def metrics_route(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(pool), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def models(request: web.Request) -> web.Response:
+        now = pool.clock()
+        candidates = sorted(pool.all(), key=lambda s: (not s.routable(now), s.role != "decode"))
+        failures = []
+        for state in candidates:
+            try:
+                async with session.get(state.spec.url + "/v1/models",
+                                       timeout=aiohttp.ClientTimeout(total=config.health_timeout_s * 3)) as resp:
+                    body = await resp.read()
+                    if resp.status == 200:
+                        return web.Response(body=body, content_type="application/json")
+                    failures.append(f"{state.name}: HTTP {resp.status}")
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                failures.append(f"{state.name}: {exc.__class__.__name__}")
+        msg = "no instance answered /v1/models" + (f" ({'; '.join(failures)})" if failures else ": none configured")
+        return web.json_response(error_body(msg, 503, "service_unavailable"), status=503)
+
+    app.add_routes([
+        web.post("/v1/completions", completions),
+        web.post("/v1/chat/completions", chat),
+        web.get("/v1/models", models),
+        web.get("/health", health_route),
+        web.get("/healthcheck", health_route),
+        web.get("/metrics", metrics_route),
+        *AdminApi(pool, config.admin_token).routes(),
+    ])
+    if config.instances:
+        proxy.apply_static(list(config.instances), "static")
+    if config.instances_file is not None:
+        proxy.file_discovery = FileDiscovery(config.instances_file, lambda s: proxy.apply_static(s, "file"),
+                                             config.file_poll_interval_s)
+    return proxy
+
+
+async def start_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None) -> ProxyHandle:
+    """Start the proxy on ``config.host:config.port`` (port 0 = any free port) and return its handle.
+
+    k8s: an optional :class:`KubernetesDiscovery` whose ``apply`` is replaced to
+    feed this proxy's pool (source ``k8s``).
+    """
+    proxy = build_proxy(config, k8s)
+    if proxy.file_discovery is not None:
+        proxy.file_discovery.start()
+    if k8s is not None:
+        k8s.apply = lambda specs: proxy.apply_static(specs, "k8s")
+        k8s.start(asyncio.get_running_loop())
+    # handler_cancellation: a client disconnect cancels the handler, which closes upstream requests.
+    runner = web.AppRunner(proxy.app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True)
+    await site.start()
+    port = config.port
+    sockets = getattr(site._server, "sockets", None) or []  # noqa: SLF001 - aiohttp has no public accessor
+    if sockets:
+        port = sockets[0].getsockname()[1]
+    proxy.health.start()
+    if config.install_sighup and proxy.file_discovery is not None:
+        fd = proxy.file_discovery
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, fd.reload)
+    log.info("proxy listening on http://%s:%s", config.host, port)
+    return ProxyHandle(proxy=proxy, runner=runner, host=config.host, port=port)

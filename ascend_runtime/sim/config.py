@@ -1,0 +1,187 @@
+"""Simulator configuration and the hardware profiles it models.
+
+``SimConfig`` carries exactly the ``ascend-deploy sim`` options (one field per
+flag). Shape fields left ``None`` take the role's published default for the
+hardware (``resolved()`` fills them). A later step builds a SimConfig from a
+stack's Plan (``--stack NAME``): that code only needs to produce this object.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ascend_runtime.config.model import ModelShape
+
+Role = Literal["prefill", "decode"]
+HardwareName = Literal["atlas-800i-a2", "cm384"]
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """Per-NPU figures of one hardware generation (an "NPU" is one 910B or one 910C die).
+
+    Units: bytes, bytes/s, FLOP/s.
+    """
+
+    name: str
+    npus_per_node: int
+    hbm_bytes: float
+    hbm_bandwidth: float
+    flops: float
+    #: Bytes/s one NPU can move to peers inside its node (HCCS / UB share).
+    intra_node_bandwidth: float
+    #: Bytes/s one NPU can move to peers on other nodes (its share of the node NIC).
+    inter_node_bandwidth: float
+    #: Default PD link rate in Gbit/s (KV transfer between instances).
+    default_link_gbps: float
+
+
+HARDWARE: dict[str, HardwareProfile] = {
+    # Atlas 800I A2: 8 x 910B, 64 GB HBM; HCCS 392 GB/s per node; 50 GB/s per node between nodes.
+    "atlas-800i-a2": HardwareProfile(
+        name="atlas-800i-a2",
+        npus_per_node=8,
+        hbm_bytes=64e9,
+        hbm_bandwidth=1.6e12,
+        flops=300e12,
+        intra_node_bandwidth=392e9 / 8,
+        inter_node_bandwidth=50e9 / 8,
+        default_link_gbps=50 * 8,
+    ),
+    # CloudMatrix 384: 48 servers x 16 dies; Unified Bus ~392 GB/s per 910C (2 dies), flat in the supernode.
+    "cm384": HardwareProfile(
+        name="cm384",
+        npus_per_node=16,
+        hbm_bytes=64e9,
+        hbm_bandwidth=1.6e12,
+        flops=376e12,
+        intra_node_bandwidth=392e9 / 2,
+        inter_node_bandwidth=392e9 / 2,
+        default_link_gbps=392 / 2 * 8,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class RoleDefaults:
+    """Published instance shape used when the CLI gives none."""
+
+    npus: int
+    dp: int
+    tp: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+#: (hardware, role) -> default shape. A2 from Huawei's article; CM384 decode from the A3 large-EP recipe.
+ROLE_DEFAULTS: dict[tuple[str, str], RoleDefaults] = {
+    ("atlas-800i-a2", "prefill"): RoleDefaults(npus=16, dp=2, tp=8, max_num_seqs=16, max_num_batched_tokens=8192),
+    ("atlas-800i-a2", "decode"): RoleDefaults(npus=32, dp=32, tp=1, max_num_seqs=72, max_num_batched_tokens=2048),
+    ("cm384", "prefill"): RoleDefaults(npus=16, dp=2, tp=8, max_num_seqs=16, max_num_batched_tokens=8192),
+    ("cm384", "decode"): RoleDefaults(npus=64, dp=64, tp=1, max_num_seqs=96, max_num_batched_tokens=2048),
+}
+
+
+class SimConfig(BaseModel):
+    """Options of one simulated vLLM-Ascend instance (mirrors ``ascend-deploy sim`` flags).
+
+    Times: ``startup_delay`` is wall-clock seconds; ``kv_timeout_s`` is engine
+    (modelled) seconds, so it is divided by ``speedup`` like every modelled time.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Role
+    instance: str = Field(..., min_length=1)
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port; 0 picks a free one (in-process use).")
+    kv_port: int = Field(0, ge=0, le=65535, description="KV transfer TCP port; 0 picks a free one.")
+    kv_host: str | None = Field(None, description="Address announced in kv_transfer_params (default: host).")
+    hardware: HardwareName = "atlas-800i-a2"
+    npus: int | None = Field(None, ge=1)
+    dp: int | None = Field(None, ge=1)
+    tp: int | None = Field(None, ge=1)
+    ep: int | None = Field(None, ge=1)
+    nodes: int | None = Field(None, ge=1)
+    max_num_seqs: int | None = Field(None, ge=1, description="Per DP rank, as vLLM.")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="Per DP rank, as vLLM.")
+    redundant_experts: int = Field(0, ge=0)
+    mtp: bool = False
+    mtp_acceptance: float = Field(0.9, ge=0.0, le=1.0, description="Probability the MTP draft token is accepted.")
+    speedup: float = Field(1.0, gt=0.0, description="Divides every modelled time.")
+    startup_delay: float = Field(0.0, ge=0.0, description="Wall-clock seconds /health answers 503.")
+    link_gbps: float | None = Field(None, gt=0.0, description="KV link rate in Gbit/s (default from hardware).")
+    kv_timeout_s: float = Field(120.0, gt=0.0, description="Prefill frees unpulled KV after this (modelled s).")
+    kv_wire_scale: float = Field(
+        1.0 / 1024, gt=0.0, le=1.0, description="Wire bytes = modelled KV bytes x this (test speed)."
+    )
+    seed: int = 0
+    model: str = "deepseek-ai/DeepSeek-R1"
+    expert_map: str | None = Field(None, description="Path of a vLLM-Ascend expert map JSON applied at start.")
+    gpu_memory_utilization: float = Field(0.95, gt=0.0, le=1.0)
+    block_size: int = Field(128, ge=1, description="KV block size in tokens (vLLM-Ascend default 128).")
+    exit_on_fault: bool = Field(
+        True, description="POST /admin/faults exit=true ends the process (False: only stops the server; in-process use)."
+    )
+
+    @model_validator(mode="after")
+    def _check_hardware_role(self) -> "SimConfig":
+        if (self.hardware, self.role) not in ROLE_DEFAULTS:
+            raise ValueError(f"no defaults for hardware {self.hardware!r} role {self.role!r}")
+        return self
+
+    @property
+    def profile(self) -> HardwareProfile:
+        """The hardware profile named by ``hardware``."""
+        return HARDWARE[self.hardware]
+
+    def model_shape(self) -> ModelShape:
+        """The served model's shape (DeepSeek-V3/R1 defaults, name from ``model``)."""
+        return ModelShape(name=self.model)
+
+    def resolved(self) -> "SimConfig":
+        """A copy with every shape field filled and checked; raises ValueError naming the problem."""
+        d = ROLE_DEFAULTS[(self.hardware, self.role)]
+        tp = self.tp or (d.tp if not self.npus or self.npus % d.tp == 0 else 1)
+        if self.npus is None:
+            npus = (self.dp * tp) if self.dp else d.npus
+        else:
+            npus = self.npus
+        dp = self.dp or max(1, npus // tp)
+        ep = self.ep or dp * tp
+        nodes = self.nodes or math.ceil(npus / self.profile.npus_per_node)
+        if dp * tp != npus:
+            raise ValueError(f"dp x tp = {dp} x {tp} = {dp * tp} but npus = {npus}")
+        if ep != npus:
+            raise ValueError(f"ep = {ep} but expert parallelism spans dp x tp = {npus} NPUs")
+        if nodes * self.profile.npus_per_node < npus:
+            raise ValueError(f"{npus} NPUs do not fit on {nodes} node(s) of {self.profile.npus_per_node}")
+        shape = self.model_shape()
+        if (shape.num_routed_experts + self.redundant_experts) % ep:
+            raise ValueError(
+                f"routed + redundant experts = {shape.num_routed_experts + self.redundant_experts} "
+                f"is not a multiple of ep = {ep}"
+            )
+        return self.model_copy(
+            update=dict(
+                npus=npus,
+                dp=dp,
+                tp=tp,
+                ep=ep,
+                nodes=nodes,
+                max_num_seqs=self.max_num_seqs or d.max_num_seqs,
+                max_num_batched_tokens=self.max_num_batched_tokens or max(d.max_num_batched_tokens, 1),
+                link_gbps=self.link_gbps or self.profile.default_link_gbps,
+                kv_host=self.kv_host or self.host,
+            )
+        )
+
+    @property
+    def slots_per_rank(self) -> int:
+        """Expert slots per EP rank per MoE layer (needs a resolved config)."""
+        assert self.ep is not None
+        return (self.model_shape().num_routed_experts + self.redundant_experts) // self.ep

@@ -1,0 +1,210 @@
+"""The per-step timing model (documented in docs/simulator.md).
+
+One engine step runs every DP rank's batch at once (MoE all-to-all keeps DP
+ranks in lock step). Its modelled time, in seconds, is
+
+    step = k[hw, role] * ( overhead
+                         + max over DP ranks (weights + linear + attention)
+                         + sum over MoE layers max over EP ranks (expert weights + expert compute)
+                         + sum over MoE layers all-to-all(max rank traffic) )
+
+with, per NPU (bytes, FLOP, bytes/s, FLOP/s from the hardware profile):
+
+- weights   = non-expert weight bytes / TP / HBM bandwidth (read once per step)
+- linear    = 2 * non-expert params * tokens / TP / FLOPS
+- attention = decode: max(KV bytes read, MLA absorbed FLOPs), prefill: causal FLOPs
+- experts   = active slots * expert bytes / HBM bw + rank load * 2 * expert params / FLOPS
+- all2all   = max(rank receive, rank send) * hidden * 3 B (int8 dispatch + bf16 combine)
+              at the mix of intra-node and inter-node bandwidth of an EP rank's peers
+
+The maxima over EP ranks are where expert placement enters: a skewed placement
+raises the max rank load, hence the step. ``k`` is solved so that the published
+reference configuration at ``REFERENCE_IMBALANCE`` (max/mean rank load a good
+EPLB placement leaves) reproduces the published step time.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ascend_runtime.config.model import ModelShape
+from ascend_runtime.sim.config import HARDWARE, ROLE_DEFAULTS, HardwareProfile, SimConfig
+
+#: Fixed per-step cost (scheduling, launch, sampling), seconds before calibration.
+STEP_OVERHEAD_S = 1e-3
+#: max/mean rank load assumed for the published runs (they used expert load balancing).
+REFERENCE_IMBALANCE = 1.10
+#: Mean context of the "2K in + 2K out" decode reference (input + half the output).
+REFERENCE_DECODE_CONTEXT = 2048 + 1024
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One published figure the model is calibrated to."""
+
+    hardware: str
+    role: str
+    step_s: float
+    tokens_per_s_per_npu: float
+    npus: int
+    dp: int
+    tp: int
+    seqs_per_rank: int  # decode: sequences per DP rank; prefill: requests per DP rank
+    prompt_tokens: int
+    note: str
+
+
+REFERENCES: dict[tuple[str, str], Reference] = {
+    ("atlas-800i-a2", "decode"): Reference(
+        "atlas-800i-a2", "decode", 0.0996, 723.0, 32, 32, 1, 72, 2048,
+        "A2 decode, 32 NPUs DP32 TP1 EP32, 2K in + 2K out, 72 seqs/NPU",
+    ),
+    ("atlas-800i-a2", "prefill"): Reference(
+        "atlas-800i-a2", "prefill", 0.631, 1622.0, 16, 2, 8, 4, 2048,
+        "A2 prefill, 16 NPUs DP2 TP8 EP16, 8 x 2K = 16K tokens per batch",
+    ),
+    ("cm384", "decode"): Reference(
+        "cm384", "decode", 0.050, 1920.0, 64, 64, 1, 96, 2048,
+        "CM384 decode, 64 dies DP64 TP1 EP64, 96 seqs/die (1920 tok/s x 50 ms), 2K in + 2K out",
+    ),
+}
+#: Roles without a published figure borrow another's calibration constant.
+BORROWED = {("cm384", "prefill"): ("atlas-800i-a2", "prefill")}
+
+
+@dataclass
+class RankBatch:
+    """Work of one DP rank in one step.
+
+    decode_tokens: tokens computed for sequences in decode (1 per seq, 2 with MTP);
+    decode_context: sum of those sequences' context lengths (tokens);
+    prefill_chunks: (new tokens, tokens already computed) per prefilling sequence.
+    """
+
+    decode_tokens: int = 0
+    decode_context: int = 0
+    prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens this rank pushes through the model this step."""
+        return self.decode_tokens + sum(n for n, _ in self.prefill_chunks)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Modelled step time (seconds, before speedup) and its parts (seconds, before calibration)."""
+
+    total: float
+    dense: float
+    experts: float
+    all2all: float
+    imbalance: float  # sum_l max_r load / sum_l mean_r load (1 = perfect)
+
+
+class TimingModel:
+    """Step-time model of one instance shape; ``step(batches, rank_load, active_slots)``."""
+
+    def __init__(self, cfg: SimConfig, scale: float | None = None) -> None:
+        cfg = cfg if cfg.ep else cfg.resolved()
+        self.cfg = cfg
+        self.shape: ModelShape = cfg.model_shape()
+        self.hw: HardwareProfile = cfg.profile
+        m, hw = self.shape, self.hw
+        self.tp, self.ep = int(cfg.tp), int(cfg.ep)  # type: ignore[arg-type]
+        self.moe_layers = m.num_moe_layers + (m.num_mtp_layers if cfg.mtp else 0)
+        bpp = m.weight_bytes_per_param
+        ne_params = m.non_expert_linear_params(with_mtp=cfg.mtp)
+        self.t_weights = (ne_params * bpp + m.embedding_params * 2) / self.tp / hw.hbm_bandwidth
+        self.c_linear = 2.0 * ne_params / self.tp / hw.flops  # s per token
+        self.layers = m.num_layers + (m.num_mtp_layers if cfg.mtp else 0)
+        self.kv_bytes = m.kv_bytes_per_token(with_mtp=cfg.mtp)
+        lat = m.kv_lora_rank + m.qk_rope_head_dim
+        self.c_attn_dec_mem = self.kv_bytes / hw.hbm_bandwidth  # s per context token
+        self.c_attn_dec_flop = 2.0 * self.layers * m.num_attention_heads * (lat + m.kv_lora_rank) / self.tp / hw.flops
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        self.c_attn_pre = 2.0 * self.layers * m.num_attention_heads * (qk + m.v_head_dim) / self.tp / hw.flops
+        self.c_slot = m.params_per_expert * bpp / hw.hbm_bandwidth  # s per active slot
+        self.c_expert_tok = 2.0 * m.params_per_expert / hw.flops  # s per token-expert assignment
+        npn = hw.npus_per_node
+        if self.ep <= 1:
+            per_byte = 0.0
+        else:
+            local = min(npn, self.ep) - 1
+            remote = self.ep - 1 - local
+            per_byte = (local / hw.intra_node_bandwidth + remote / hw.inter_node_bandwidth) / (self.ep - 1)
+        self.c_a2a = m.hidden_size * 3.0 * per_byte  # s per token-expert assignment crossing the EP group
+        self.scale = scale if scale is not None else calibration_scale(cfg.hardware, cfg.role, cfg.mtp)
+
+    def dense_time(self, b: RankBatch) -> float:
+        """Non-MoE time of one DP rank's batch (uncalibrated seconds)."""
+        t = b.tokens
+        if t == 0:
+            return 0.0
+        attn = max(b.decode_context * self.c_attn_dec_mem, b.decode_context * self.c_attn_dec_flop)
+        attn += sum(n * (c + n / 2.0) for n, c in b.prefill_chunks) * self.c_attn_pre
+        return self.t_weights + t * self.c_linear + attn
+
+    def step(self, batches: list[RankBatch], rank_load: np.ndarray, active_slots: np.ndarray) -> StepTime:
+        """Modelled step time; ``rank_load``/``active_slots`` are (L, R) for the step's routing.
+
+        With MTP the MTP layer's MoE cost is taken as the mean MoE layer.
+        """
+        dense = max((self.dense_time(b) for b in batches), default=0.0)
+        tokens = sum(b.tokens for b in batches)
+        if tokens == 0:
+            return StepTime(0.0, 0.0, 0.0, 0.0, 1.0)
+        per_layer = active_slots * self.c_slot + rank_load * self.c_expert_tok  # (L, R)
+        experts = float(per_layer.max(axis=1).sum())
+        send = max(b.tokens for b in batches) / self.tp * self.shape.experts_per_token
+        recv = np.maximum(rank_load.max(axis=1), send)
+        a2a = float(recv.sum()) * self.c_a2a
+        L = rank_load.shape[0]
+        if self.moe_layers > L:
+            experts *= self.moe_layers / L
+            a2a *= self.moe_layers / L
+        mean = float(rank_load.mean(axis=1).sum())
+        imbalance = float(rank_load.max(axis=1).sum()) / mean if mean > 0 else 1.0
+        total = self.scale * (STEP_OVERHEAD_S + dense + experts + a2a)
+        return StepTime(total, dense, experts, a2a, imbalance)
+
+    def reference_step(self, ref: Reference, imbalance: float = REFERENCE_IMBALANCE) -> StepTime:
+        """Step time of ``ref``'s batch on this shape with uniform routing times ``imbalance`` on the max rank."""
+        if ref.role == "decode":
+            b = RankBatch(ref.seqs_per_rank, ref.seqs_per_rank * REFERENCE_DECODE_CONTEXT)
+        else:
+            b = RankBatch(prefill_chunks=[(ref.prompt_tokens, 0)] * ref.seqs_per_rank)
+        dp = int(self.cfg.dp)  # type: ignore[arg-type]
+        tokens = b.tokens * dp
+        S = self.cfg.slots_per_rank
+        mean = tokens * self.shape.experts_per_token / self.ep
+        L = self.shape.num_moe_layers
+        load = np.full((L, self.ep), mean)
+        load[:, 0] = mean * imbalance
+        active = np.full((L, self.ep), min(S, max(1, int(mean))))
+        return self.step([b] * dp, load, active)
+
+
+def reference_config(hardware: str, role: str, mtp: bool = False) -> SimConfig:
+    """The SimConfig of the published reference shape for (hardware, role)."""
+    ref = REFERENCES[BORROWED.get((hardware, role), (hardware, role))]
+    d = ROLE_DEFAULTS[(hardware, role)]
+    npus, dp, tp = (ref.npus, ref.dp, ref.tp) if ref.hardware == hardware else (d.npus, d.dp, d.tp)
+    return SimConfig(role=role, instance="reference", hardware=hardware, npus=npus, dp=dp, tp=tp, mtp=mtp).resolved()  # type: ignore[arg-type]
+
+
+@functools.cache
+def calibration_scale(hardware: str, role: str, mtp: bool = False) -> float:
+    """k[hw, role]: published step / uncalibrated model step of the reference (MTP reuses the non-MTP k)."""
+    src = BORROWED.get((hardware, role), (hardware, role))
+    ref = REFERENCES[src]
+    raw = TimingModel(reference_config(*src), scale=1.0).reference_step(ref)
+    return ref.step_s / raw.total
+
+
+def describe_hardware() -> dict[str, HardwareProfile]:
+    """The hardware profiles (for docs and reports)."""
+    return dict(HARDWARE)

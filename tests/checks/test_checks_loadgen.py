@@ -1,0 +1,81 @@
+"""The load generator against a fake with fixed, known timing: metrics within 2% of the truth."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from ascend_runtime.checks.http import make_session
+from ascend_runtime.checks.loadgen import ThroughputConfig, run_batch, run_throughput
+from ascend_runtime.checks.metrics import SLO
+
+X, Y, N_OUT = 0.100, 0.020, 16  # first token after 100 ms, then one every 20 ms
+
+
+def _within(measured_ms: float, truth_s: float, rel: float = 0.02) -> bool:
+    return abs(measured_ms - truth_s * 1000) <= rel * truth_s * 1000
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+async def test_ttft_tpot_itl_e2el_within_two_percent(fake, api) -> None:
+    fake.b.ttft_s, fake.b.itl_s = X, Y
+    cfg = ThroughputConfig(
+        endpoint=fake.url, input_len=50, output_len=N_OUT, num_prompts=8, concurrency=4, api=api, progress=False, npus=2
+    )
+    d = (await run_throughput(cfg)).to_dict()
+    assert d["completed"] == 8 and d["failed"] == 0, d["errors"]
+    for key in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms"):
+        assert _within(d[key], X), (key, d[key])
+    for key in ("mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms"):
+        assert _within(d[key], Y), (key, d[key])
+    assert _within(d["mean_e2el_ms"], X + (N_OUT - 1) * Y)
+    # prompts sized by the server's own counts (chat adds template tokens the fit must absorb)
+    assert d["total_input_tokens"] == 8 * 50
+    assert d["total_output_tokens"] == 8 * N_OUT
+    assert d["max_concurrent_requests"] == 4
+    assert d["per_npu_output_throughput"] == pytest.approx(d["output_throughput"] / 2)
+    # 2 waves of 4 requests, each X + 15 Y = 400 ms
+    assert 0.78 < d["duration"] < 1.0
+
+
+async def test_warmup_requests_are_not_measured(fake) -> None:
+    cfg = ThroughputConfig(endpoint=fake.url, input_len=10, output_len=4, num_prompts=5, warmup=3, concurrency=8, progress=False)
+    before = fake.requests
+    d = (await run_throughput(cfg)).to_dict()
+    assert d["completed"] == 5
+    assert fake.requests - before >= 5 + 3  # plus the sizing probes
+
+
+async def test_poisson_arrivals_follow_the_seeded_schedule(fake) -> None:
+    rate, n, seed = 100.0, 20, 7
+    rng = random.Random(seed)
+    schedule = sum(rng.gammavariate(1.0, 1.0 / rate) for _ in range(n - 1))
+    body = json.dumps({"model": "m", "prompt": "a b", "max_tokens": 2, "stream": True}).encode()
+    async with make_session(10) as s:
+        out = await run_batch(s, fake.url + "/v1/completions", [body] * n, None, rate, seed=seed)
+    assert all(r.success for r in out.results)
+    assert schedule <= out.duration < schedule + 0.5
+    assert out.peak_inflight < n  # arrivals spread out, unlike an all-at-once batch
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "error"),
+    [("error_after", 2, "stream error event: decode instance lost"), ("omit_done", True, "stream ended without [DONE]"), ("http_status", 503, "HTTP 503")],
+)
+async def test_failed_requests_are_counted_with_their_error(fake, setting, value, error) -> None:
+    async with make_session(10) as s:
+        ok_body = json.dumps({"model": "m", "prompt": "a", "max_tokens": 3, "stream": True}).encode()
+        setattr(fake.b, setting, value)
+        out = await run_batch(s, fake.url + "/v1/completions", [ok_body] * 3, 2, None)
+    assert [r.success for r in out.results] == [False] * 3
+    assert all(r.error.startswith(error) for r in out.results), out.results[0].error
+
+
+async def test_slo_goodput_from_a_full_run(fake) -> None:
+    fake.b.ttft_s, fake.b.itl_s = 0.05, 0.005
+    cfg = ThroughputConfig(endpoint=fake.url, input_len=8, output_len=4, num_prompts=4, concurrency=4,
+                           slo=SLO(ttft_ms=20), progress=False)
+    d = (await run_throughput(cfg)).to_dict()
+    assert d["completed"] == 4 and d["request_goodput"] == 0.0

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The project's test command (README, CI). Installs what the tests need, then runs pytest.
+# Needs root (or passwordless apt) the first time for openssh-server and shellcheck.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v shellcheck >/dev/null 2>&1 || need_apt+=(shellcheck)
+[ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing ${need_apt[*]} (Debian packages)"
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+mkdir -p /run/sshd 2>/dev/null || true
+
+python -m pip install -q -e '.[test]'
+exec python -m pytest -q -p no:cacheprovider "$@"
