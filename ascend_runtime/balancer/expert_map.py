@@ -42,14 +42,17 @@ def placement_to_map(placement: np.ndarray, ranks: int) -> dict[str, Any]:
     }
 
 
-def validate_map(doc: Any, num_experts: int, ranks: int | None = None, slots: int | None = None) -> list[str]:
+def validate_map(
+    doc: Any, num_experts: int, ranks: int | None = None, slots: int | None = None, allow_duplicates: bool = False
+) -> list[str]:
     """Every problem that makes ``doc`` unsafe to serve; empty when valid.
 
     Checks: structure and types; layer ids ``0..L-1`` once each; per layer the
     same device count, ids ``0..R-1`` once each; every rank the same slot count
     (and ``ranks``/``slots`` when given); expert ids in ``0..num_experts-1``;
     every logical expert present in every layer; no expert twice on one rank
-    (vLLM-Ascend would silently overwrite the earlier slot).
+    (vLLM-Ascend would silently overwrite the earlier slot; ``allow_duplicates``
+    relaxes only this, for *reading* a map already in service).
     """
     problems: list[str] = []
     if not isinstance(doc, dict) or not isinstance(doc.get("layer_list"), list):
@@ -95,7 +98,7 @@ def validate_map(doc: Any, num_experts: int, ranks: int | None = None, slots: in
             if bad:
                 problems.append(f"{dwhere}: expert ids out of range 0..{num_experts - 1}: {bad[:5]}")
             good = [x for x in ids if 0 <= x < num_experts]
-            if len(set(good)) != len(good):
+            if len(set(good)) != len(good) and not allow_duplicates:
                 problems.append(f"{dwhere}: an expert appears twice on one rank")
             present[good] = True
         missing = np.nonzero(~present)[0]
@@ -111,9 +114,13 @@ def require_valid(doc: Any, num_experts: int, ranks: int | None = None, slots: i
         raise InvalidExpertMap(problems)
 
 
-def map_to_placement(doc: dict[str, Any], num_experts: int) -> tuple[np.ndarray, int, int]:
+def map_to_placement(
+    doc: dict[str, Any], num_experts: int, allow_duplicates: bool = False
+) -> tuple[np.ndarray, int, int]:
     """Validated map -> ``(placement [L, R*S], ranks, slots)``, layers sorted by layer_id."""
-    require_valid(doc, num_experts)
+    problems = validate_map(doc, num_experts, allow_duplicates=allow_duplicates)
+    if problems:
+        raise InvalidExpertMap(problems)
     layers = sorted(doc["layer_list"], key=lambda x: x["layer_id"])
     ranks = layers[0]["device_count"]
     rows = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ascend_runtime.config.inventory import Inventory
 from ascend_runtime.config.model import ModelShape
@@ -55,6 +55,9 @@ class StageConfig(_Strict):
         None, ge=1, description="HCCL_BUFFSIZE (MB); default 256 on prefill, 1024 on decode."
     )
     graph_mode: bool | None = Field(None, description="torchair graph mode; default on for decode, off for prefill.")
+    hccl_intra: Literal["pcie", "roce"] = Field(
+        "pcie", description="HCCL path inside a node: sets HCCL_INTRA_PCIE_ENABLE=1 (pcie) or HCCL_INTRA_ROCE_ENABLE=1 (roce)."
+    )
 
 
 class EngineConfig(_Strict):
@@ -112,6 +115,14 @@ class SimulatorConfig(_Strict):
     image: str = Field("ascend-deploy-runtime:dev", description="Runtime image running the simulator on kind.")
 
 
+class DevicePluginConfig(_Strict):
+    """The Ascend device plugin DaemonSet, installed only when the cluster lacks it."""
+
+    install: bool = Field(False, description="Install the Ascend device plugin DaemonSet.")
+    image: str = Field("ascendhub.huawei.com/public-ascendhub/ascend-k8sdeviceplugin", description="Device plugin image.")
+    version: str = Field("v6.0.0", description="Device plugin image tag.")
+
+
 class KubernetesConfig(_Strict):
     """Cluster-side settings for the Pulumi program."""
 
@@ -119,6 +130,28 @@ class KubernetesConfig(_Strict):
     version: str = Field("1.30", description="Kubernetes minor version the objects are validated against.")
     npu_resource: str = Field("huawei.com/Ascend910", description="Extended resource of the device plugin.")
     runtime_image: str = Field("ascend-deploy-runtime:0.1.0", description="Image with proxy, balancer, checks.")
+    device_plugin: DevicePluginConfig = Field(default_factory=DevicePluginConfig, description="Ascend device plugin.")
+    runtime_class: str | None = Field(None, description="RuntimeClass of engine pods (created with handler `ascend`); None: default runtime.")
+    runtime_class_handler: str = Field("ascend", description="CRI handler of the RuntimeClass.")
+    shm_size_gib: int = Field(64, ge=1, description="Memory-backed /dev/shm of each engine pod (GiB).")
+    model_source: Literal["hostPath", "pvc"] = Field("hostPath", description="Weights pre-staged on every node, or a shared PVC.")
+    model_host_path: str = Field("/data/models", description="Host directory holding the weights (hostPath source).")
+    model_pvc_name: str | None = Field(None, description="PersistentVolumeClaim holding the weights (pvc source).")
+    startup_probe_seconds: int = Field(3600, ge=60, description="Time an engine may take to load before it is restarted (s).")
+    termination_grace_seconds: int = Field(120, ge=0, description="Grace period of engine pods (s).")
+    taint_nodes: bool = Field(True, description="Taint serving nodes `ascend-deepseek/serving=<role>:NoSchedule`.")
+    proxy_replicas: int = Field(2, ge=1, description="PD proxy replicas.")
+    prometheus_operator: bool = Field(False, description="The cluster has the Prometheus operator CRDs (ServiceMonitor/PodMonitor).")
+    monitoring_namespace: str = Field("monitoring", description="Namespace of Prometheus (allowed to scrape engine ports).")
+    grafana_dashboard: bool = Field(True, description="Create the Grafana dashboard ConfigMap (label grafana_dashboard=1).")
+    post_deploy_checks: bool = Field(True, description="Run the smoke + throughput check Job; its failure fails `pulumi up`.")
+    checks_timeout_seconds: int = Field(1800, ge=60, description="Deadline of the post-deploy check Job (s).")
+
+    @model_validator(mode="after")
+    def _pvc_named(self) -> "KubernetesConfig":
+        if self.model_source == "pvc" and not self.model_pvc_name:
+            raise ValueError("model_source 'pvc' needs model_pvc_name")
+        return self
 
 
 class StackConfig(_Strict):

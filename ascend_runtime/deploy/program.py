@@ -8,26 +8,47 @@ from __future__ import annotations
 
 import pulumi
 
+from ascend_runtime.deploy import renderers
+from ascend_runtime.deploy.components import ServingSystem, ServingSystemArgs, present_secrets
+from ascend_runtime.deploy.objects import build_system, deploys_to_kubernetes
+from ascend_runtime.deploy.objects.common import digest
 from ascend_runtime.planner import Plan, load_plan
 
 
+def rank_table_digests(plan: Plan) -> dict[str, str]:
+    """sha256 of each rank table (canonical JSON), keyed by its file name."""
+    return {name: digest(table) for name, table in sorted(renderers.rank_tables(plan).items())}
+
+
 def export_plan_summary(plan: Plan) -> None:
-    """Stack outputs every environment has: proxy endpoint, instances and their nodes."""
+    """Stack outputs: proxy endpoint, instances and their nodes, rank table digests, plan summary."""
     pulumi.export("proxy_endpoint", plan.proxy_url)
     pulumi.export("instances", {i.name: {"role": i.role, "nodes": list(i.nodes), "api": i.api_url} for i in plan.instances})
+    pulumi.export("rank_table_digests", rank_table_digests(plan))
     pulumi.export(
         "plan_summary",
         {
+            "stack": plan.stack,
+            "target": plan.target,
             "hardware": plan.hardware,
             "kv_connector": plan.kv_connector,
+            "vllm_ascend_version": plan.vllm_ascend_version,
+            "namespace": plan.config["kubernetes"]["namespace"],
             "prefill_npus": sum(i.npus for i in plan.by_role("prefill")),
             "decode_npus": sum(i.npus for i in plan.by_role("decode")),
+            "nodes_used": sum(1 for n in plan.nodes if n.role),
         },
     )
 
 
 def main(stack_name: str | None = None) -> Plan:
-    """Build the Plan of the current Pulumi stack and declare its resources."""
+    """Build the Plan of the current Pulumi stack and declare its resources.
+
+    The ``local`` target runs processes on this machine (``ascend-deploy local``):
+    its stack registers no Kubernetes objects, only the outputs.
+    """
     plan = load_plan(stack_name or pulumi.get_stack())
+    if deploys_to_kubernetes(plan):
+        ServingSystem(plan.stack, ServingSystemArgs(plan, build_system(plan, present_secrets())))
     export_plan_summary(plan)
     return plan

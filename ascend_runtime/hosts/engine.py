@@ -10,6 +10,7 @@ every host's value.
 from __future__ import annotations
 
 import re
+import secrets
 import threading
 import time
 from collections import Counter
@@ -24,7 +25,7 @@ from ascend_runtime.config.inventory import Inventory, Node
 from ascend_runtime.hosts.parsers import PARSERS, key_value_file
 from ascend_runtime.hosts.playbook import Playbook, Step
 from ascend_runtime.hosts.quoting import TemplateError, render, render_value
-from ascend_runtime.hosts.ssh import ConnectOptions, Endpoint, HostKeyError, Session, SshError
+from ascend_runtime.hosts.ssh import CommandResult, ConnectOptions, Endpoint, HostKeyError, Session, SshError
 from ascend_runtime.hosts.versions import check_range
 
 DEVICES_PER_NODE = {"atlas-800i-a2": 8, "cm384": 16}
@@ -237,22 +238,84 @@ class Runner:
     def _run_step(self, session: Session, node: Node, step: Step, ctx: dict[str, Any],
                   facts: dict[str, Any]) -> StepResult:
         outcomes: list[tuple[str, str, str]] = []  # (status, label, message)
+        active: list[_Unit] = []
         for unit in self._units(node, step, ctx):
             if any(not unit.ctx.get(name) for name in step.when):
                 outcomes.append(("skip", unit.label, "not applicable"))
-                continue
-            status, message, parsed = self._run_unit(session, step, unit.ctx)
+            else:
+                active.append(unit)
+        if step.type == "set":
+            evaluated = [(u, self._run_set(session, step, u.ctx)) for u in active]
+        elif len(active) > 1:
+            results = self._run_batch(session, step, [self._unit_command(step, u.ctx) for u in active])
+            evaluated = [(u, self._evaluate(step, u.ctx, r)) for u, r in zip(active, results)]
+        else:
+            evaluated = [(u, self._evaluate(step, u.ctx, session.run(self._unit_command(step, u.ctx),
+                                                                      timeout_s=step.timeout_s, become=step.become)))
+                         for u in active]
+        for unit, (status, message, parsed) in evaluated:
             outcomes.append((status, unit.label, message))
-            if step.register and parsed is not None:
+            if step.register_as and parsed is not None:
                 if unit.device_id is None:
-                    facts[step.register] = parsed
+                    facts[step.register_as] = parsed
                 else:
-                    facts["devices"].setdefault(unit.device_id, {})[step.register] = parsed
+                    facts["devices"].setdefault(unit.device_id, {})[step.register_as] = parsed
             if step.type == "compare" and parsed is not None:
                 with self._lock:
                     self._compare.setdefault(step.name, {}).setdefault(node.name, {})[unit.label] = _get(
                         parsed, step.field or "")
         return self._aggregate(node.name, step, outcomes)
+
+    def _run_batch(self, session: Session, step: Step, commands: list[str]) -> list[CommandResult]:
+        """Run the per-device commands of one step in one SSH exec (stderr merged into stdout).
+
+        Each command runs in its own subshell between random markers, so one
+        device's output or exit status can never be taken for another's.
+        """
+        token = secrets.token_hex(8)
+        script = "; ".join(
+            f"printf '\\n@@{token} {i}@@\\n'; ( {cmd} ) 2>&1; printf '\\n@@{token} rc %s@@\\n' \"$?\""
+            for i, cmd in enumerate(commands)
+        )
+        res = session.run(script, timeout_s=step.timeout_s * len(commands), become=step.become)
+        found: dict[str, str] = {}
+        rcs: dict[str, str] = {}
+        for idx, body, rc in re.findall(rf"\n@@{token} (\d+)@@\n(.*?)\n@@{token} rc (\d+)@@", res.stdout, re.S):
+            found[idx], rcs[idx] = body, rc
+        out = []
+        for i, cmd in enumerate(commands):
+            if str(i) in found:
+                out.append(CommandResult(cmd, int(rcs[str(i)]), found[str(i)], "", res.duration_s))
+            else:
+                why = "timed out" if res.timed_out else f"batch ended early: {_err(res)}"
+                out.append(CommandResult(cmd, None, "", why, res.duration_s, timed_out=res.timed_out))
+        return out
+
+    def _unit_command(self, step: Step, ctx: dict[str, Any]) -> str:
+        if step.type == "file":
+            return "cat -- " + render("{_path}", {"_path": render(step.path or "", ctx, shell=False)})
+        return render(step.command or "", ctx)
+
+    def _evaluate(self, step: Step, ctx: dict[str, Any], res: CommandResult) -> tuple[str, str, dict | None]:
+        if step.type == "file":
+            if not res.ok:
+                return "fail", f"cannot read {render(step.path or '', ctx, shell=False)}: {_err(res)}", None
+            observed = (PARSERS[step.parser] if step.parser else key_value_file)(res.stdout)
+        elif step.type == "command":
+            observed = {"rc": res.rc, "stdout": res.stdout.strip(), "stderr": res.stderr.strip()}
+            problems = self._check(observed, step.expect or {"rc": 0}, ctx)
+            if problems:
+                return "fail", "; ".join(problems) + f" from `{res.command}`: {_err(res)}", observed
+            return "ok", _first_line(res.stdout) or "rc=0", observed
+        else:
+            if res.timed_out or (not step.ignore_rc and "rc" not in step.expect and not res.ok):
+                return "fail", f"command failed: {_err(res)}", None
+            observed = PARSERS[step.parser or "raw"](res.stdout)
+            observed.setdefault("rc", res.rc)
+        problems = self._check(observed, step.expect, ctx)
+        if problems:
+            return "fail", "; ".join(problems), observed
+        return "ok", self._summary(step, observed), observed
 
     @staticmethod
     def _aggregate(host: str, step: Step, outcomes: list[tuple[str, str, str]]) -> StepResult:
@@ -273,34 +336,6 @@ class Runner:
 
     def _run_cmd(self, session: Session, step: Step, template: str, ctx: dict[str, Any]):
         return session.run(render(template, ctx), timeout_s=step.timeout_s, become=step.become)
-
-    def _run_unit(self, session: Session, step: Step, ctx: dict[str, Any]) -> tuple[str, str, dict | None]:
-        if step.type == "set":
-            return self._run_set(session, step, ctx)
-        if step.type == "file":
-            res = session.run("cat -- " + render("{_path}", {"_path": render(step.path or "", ctx, shell=False)}),
-                              timeout_s=step.timeout_s, become=step.become)
-            if not res.ok:
-                return "fail", f"cannot read {render(step.path or '', ctx, shell=False)}: {_err(res)}", None
-            parser = PARSERS[step.parser] if step.parser else key_value_file
-            observed = parser(res.stdout)
-        else:
-            res = self._run_cmd(session, step, step.command or "", ctx)
-            if step.type == "command":
-                observed = {"rc": res.rc, "stdout": res.stdout.strip(), "stderr": res.stderr.strip()}
-                expect = step.expect or {"rc": 0}
-                problems = self._check(observed, expect, ctx)
-                if problems:
-                    return "fail", "; ".join(problems), observed
-                return "ok", _first_line(res.stdout) or "rc=0", observed
-            if res.timed_out or (not step.ignore_rc and "rc" not in step.expect and not res.ok):
-                return "fail", f"command failed: {_err(res)}", None
-            observed = PARSERS[step.parser or "raw"](res.stdout)
-            observed.setdefault("rc", res.rc)
-        problems = self._check(observed, step.expect, ctx)
-        if problems:
-            return "fail", "; ".join(problems), observed
-        return "ok", self._summary(step, observed), observed
 
     def _summary(self, step: Step, observed: dict[str, Any]) -> str:
         keys = list(step.expect) or ([step.field] if step.field else [])

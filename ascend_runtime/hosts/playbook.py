@@ -59,7 +59,7 @@ class VersionRange(BaseModel):
 class Step(BaseModel):
     """One named check or action."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     name: str = Field(min_length=1)
     type: StepType
@@ -74,7 +74,7 @@ class Step(BaseModel):
     path: str | None = None
     parser: str | None = None
     expect: dict[str, Any] = Field(default_factory=dict)
-    register: str | None = None
+    register_as: str | None = Field(None, alias="register")
     field: str | None = None
     get: str | None = None
     want: dict[str, Any] = Field(default_factory=dict)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import select
 import shlex
 import socket
 import threading
@@ -239,17 +238,24 @@ class Session:
         out, err = bytearray(), bytearray()
         deadline = start + timeout_s
         timed_out = False
-        while True:
+        while not (chan.exit_status_ready() and chan.eof_received):
             while chan.recv_ready():
                 out += chan.recv(65536)
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(65536)
-            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                break
             if time.monotonic() > deadline:
                 timed_out = True
                 break
-            select.select([chan], [], [], 0.05)
+            chan.status_event.wait(0.002)  # set on exit; data arrival is polled
+        if not timed_out:  # drain what arrived with or after the exit status, up to EOF
+            chan.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                while chunk := chan.recv(65536):
+                    out += chunk
+                while chunk := chan.recv_stderr(65536):
+                    err += chunk
+            except socket.timeout:
+                timed_out = True
         rc = None if timed_out else chan.recv_exit_status()
         chan.close()
         return CommandResult(

@@ -126,7 +126,7 @@ class Forwarder:
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         headers = self._headers(request, request_id)
         tracker = RecomputeTracker.for_request(req)
-        failed_decodes: set[str] = set()
+        failed_decodes: dict[str, str] = {}
         client_resp: web.StreamResponse | None = None
         current = req
         while True:
@@ -134,6 +134,8 @@ class Forwarder:
                 self.pool.pick("decode", failed_decodes)  # fail fast, before any prefill work
                 p_state, p_tokens, kv_answer = await self._prefill(path, current, headers)
             except NoInstanceError as exc:
+                if exc.role == "decode":
+                    exc = NoInstanceError("decode", {**exc.reasons, **failed_decodes})
                 return await self._fail(client_resp, 503, str(exc), "service_unavailable"), "no_instance"
             except ClientAnswer as ans:
                 if client_resp is not None:
@@ -145,6 +147,7 @@ class Forwarder:
                 d_state = self.pool.pick("decode", failed_decodes)
             except NoInstanceError as exc:
                 self.pool.end(p_state, p_tokens)
+                exc = NoInstanceError("decode", {**exc.reasons, **failed_decodes})
                 return await self._fail(client_resp, 503, str(exc), "service_unavailable"), "no_instance"
             self.metrics.decisions.labels("decode", d_state.name).inc()
             result = await self._decode(request, path, decode_req, headers, p_state, p_tokens, d_state,
@@ -155,7 +158,7 @@ class Forwarder:
             if kind == "client_error":
                 return result[1], "client_error"
             if kind == "retry":  # failed before the client saw a byte of this attempt
-                failed_decodes.add(d_state.name)
+                failed_decodes[d_state.name] = f"failed for this request ({result[2]})"
                 if client_resp is None and len(failed_decodes) < self.cfg.max_attempts:
                     self.metrics.retries.labels("decode", "failed_before_first_byte").inc()
                     continue

@@ -123,7 +123,10 @@ def load_instances_file(path: str | Path) -> list[InstanceSpec]:
     ``instances: [...]``; or a mapping ``{prefill: [url | {...}], decode: [...]}``.
     """
     text = Path(path).read_text()
-    data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    try:
+        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise InstanceSpecError(f"{path}: cannot parse: {exc}") from None
     if data is None:
         return []
     if isinstance(data, Mapping) and "instances" in data:

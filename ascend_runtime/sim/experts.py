@@ -37,7 +37,7 @@ class ExpertRouter:
         seed: int = 0,
         skew: float = 1.0,
         drift_sigma: float = 0.3,
-        drift_rate: float = 1e-3,
+        drift_rate: float = 2e-4,
     ) -> None:
         self.layers, self.experts, self.top_k = layers, experts, top_k
         self._rng = np.random.default_rng(seed)

@@ -19,7 +19,7 @@ with, per NPU (bytes, FLOP, bytes/s, FLOP/s from the hardware profile):
 
 The maxima over EP ranks are where expert placement enters: a skewed placement
 raises the max rank load, hence the step. ``k`` is solved so that the published
-reference configuration at ``REFERENCE_IMBALANCE`` (max/mean rank load a good
+reference configuration at its ``Reference.imbalance`` (max/mean rank load a good
 EPLB placement leaves) reproduces the published step time.
 """
 
@@ -35,8 +35,6 @@ from ascend_runtime.sim.config import HARDWARE, ROLE_DEFAULTS, HardwareProfile, 
 
 #: Fixed per-step cost (scheduling, launch, sampling), seconds before calibration.
 STEP_OVERHEAD_S = 1e-3
-#: max/mean rank load assumed for the published runs (they used expert load balancing).
-REFERENCE_IMBALANCE = 1.10
 #: Mean context of the "2K in + 2K out" decode reference (input + half the output).
 REFERENCE_DECODE_CONTEXT = 2048 + 1024
 
@@ -54,20 +52,24 @@ class Reference:
     tp: int
     seqs_per_rank: int  # decode: sequences per DP rank; prefill: requests per DP rank
     prompt_tokens: int
+    redundant_experts: int
+    #: max/mean rank load assumed for the published run: what the greedy EPLB placement
+    #: (experts.balanced_map) leaves on the simulator's default routing at this shape.
+    imbalance: float
     note: str
 
 
 REFERENCES: dict[tuple[str, str], Reference] = {
     ("atlas-800i-a2", "decode"): Reference(
-        "atlas-800i-a2", "decode", 0.0996, 723.0, 32, 32, 1, 72, 2048,
+        "atlas-800i-a2", "decode", 0.0996, 723.0, 32, 32, 1, 72, 2048, 0, 1.15,
         "A2 decode, 32 NPUs DP32 TP1 EP32, 2K in + 2K out, 72 seqs/NPU",
     ),
     ("atlas-800i-a2", "prefill"): Reference(
-        "atlas-800i-a2", "prefill", 0.631, 1622.0, 16, 2, 8, 4, 2048,
+        "atlas-800i-a2", "prefill", 0.631, 1622.0, 16, 2, 8, 4, 2048, 16, 1.05,
         "A2 prefill, 16 NPUs DP2 TP8 EP16, 8 x 2K = 16K tokens per batch",
     ),
     ("cm384", "decode"): Reference(
-        "cm384", "decode", 0.050, 1920.0, 64, 64, 1, 96, 2048,
+        "cm384", "decode", 0.050, 1920.0, 64, 64, 1, 96, 2048, 64, 1.12,
         "CM384 decode, 64 dies DP64 TP1 EP64, 96 seqs/die (1920 tok/s x 50 ms), 2K in + 2K out",
     ),
 }
@@ -171,8 +173,9 @@ class TimingModel:
         total = self.scale * (STEP_OVERHEAD_S + dense + experts + a2a)
         return StepTime(total, dense, experts, a2a, imbalance)
 
-    def reference_step(self, ref: Reference, imbalance: float = REFERENCE_IMBALANCE) -> StepTime:
+    def reference_step(self, ref: Reference, imbalance: float | None = None) -> StepTime:
         """Step time of ``ref``'s batch on this shape with uniform routing times ``imbalance`` on the max rank."""
+        imbalance = ref.imbalance if imbalance is None else imbalance
         if ref.role == "decode":
             b = RankBatch(ref.seqs_per_rank, ref.seqs_per_rank * REFERENCE_DECODE_CONTEXT)
         else:
@@ -193,7 +196,17 @@ def reference_config(hardware: str, role: str, mtp: bool = False) -> SimConfig:
     ref = REFERENCES[BORROWED.get((hardware, role), (hardware, role))]
     d = ROLE_DEFAULTS[(hardware, role)]
     npus, dp, tp = (ref.npus, ref.dp, ref.tp) if ref.hardware == hardware else (d.npus, d.dp, d.tp)
-    return SimConfig(role=role, instance="reference", hardware=hardware, npus=npus, dp=dp, tp=tp, mtp=mtp).resolved()  # type: ignore[arg-type]
+    return SimConfig(
+        role=role,  # type: ignore[arg-type]
+        instance="reference",
+        hardware=hardware,  # type: ignore[arg-type]
+        npus=npus,
+        dp=dp,
+        tp=tp,
+        mtp=mtp,
+        max_num_seqs=ref.seqs_per_rank if role == "decode" else None,
+        redundant_experts=ref.redundant_experts,
+    ).resolved()
 
 
 @functools.cache

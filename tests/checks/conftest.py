@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -44,6 +45,8 @@ class FakeOpenAI:
         self.b = behaviour or FakeBehaviour()
         self.url = ""
         self.requests = 0
+        #: per streaming request: perf_counter() at handler start and before each content write
+        self.stream_log: list[tuple[float, list[float]]] = []
         self._runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
@@ -81,6 +84,7 @@ class FakeOpenAI:
     async def generate(self, request: web.Request) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
+        arrival = time.perf_counter()
         self.requests += 1
         body = await request.json()
         chat = "messages" in body
@@ -97,6 +101,8 @@ class FakeOpenAI:
             return web.json_response({"id": "x", "object": obj, "choices": [choice], "usage": usage}, headers=self._headers())
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **self._headers()})
         await resp.prepare(request)
+        writes: list[float] = []
+        self.stream_log.append((arrival, writes))
 
         def event(d: dict) -> bytes:
             return b"data: " + json.dumps(d).encode() + b"\n\n"
@@ -112,6 +118,7 @@ class FakeOpenAI:
                 await asyncio.sleep(delay)
             piece = f" w{i}"
             choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
+            writes.append(time.perf_counter())
             await resp.write(event({"object": obj + ".chunk", "choices": [choice], "usage": None}))
         if body.get("stream_options", {}).get("include_usage"):
             await resp.write(event({"object": obj + ".chunk", "choices": [], "usage": usage}))

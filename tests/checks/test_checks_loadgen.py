@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 
 import pytest
 
@@ -11,7 +12,8 @@ from ascend_runtime.checks.http import make_session
 from ascend_runtime.checks.loadgen import ThroughputConfig, run_batch, run_throughput
 from ascend_runtime.checks.metrics import SLO
 
-X, Y, N_OUT = 0.100, 0.020, 16  # first token after 100 ms, then one every 20 ms
+# First token 200 ms after the request arrives, then one every 25 ms (absolute deadlines).
+X, Y, N_OUT = 0.200, 0.025, 12
 
 
 def _within(measured_ms: float, truth_s: float, rel: float = 0.02) -> bool:
@@ -20,24 +22,40 @@ def _within(measured_ms: float, truth_s: float, rel: float = 0.02) -> bool:
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
 async def test_ttft_tpot_itl_e2el_within_two_percent(fake, api) -> None:
+    """Measured means within 2% of the truth: the fake's own write times against the client's send times.
+
+    Fake and client share one process and perf_counter, so the truth is exact
+    even when the loaded 2-core box makes the fake miss its nominal schedule
+    (X, Y) by a few ms; the nominal schedule is checked loosely on top.
+    """
     fake.b.ttft_s, fake.b.itl_s = X, Y
     cfg = ThroughputConfig(
-        endpoint=fake.url, input_len=50, output_len=N_OUT, num_prompts=8, concurrency=4, api=api, progress=False, npus=2
+        endpoint=fake.url, input_len=50, output_len=N_OUT, num_prompts=8, concurrency=8, api=api, progress=False, npus=2
     )
-    d = (await run_throughput(cfg)).to_dict()
+    res = await run_throughput(cfg)
+    d = res.to_dict()
     assert d["completed"] == 8 and d["failed"] == 0, d["errors"]
-    for key in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms"):
-        assert _within(d[key], X), (key, d[key])
-    for key in ("mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms"):
-        assert _within(d[key], Y), (key, d[key])
-    assert _within(d["mean_e2el_ms"], X + (N_OUT - 1) * Y)
+    log = fake.stream_log[-8:]
+    assert all(len(w) == N_OUT for _, w in log)
+    sends = statistics.fmean(r.start for r in res.requests)
+    truth = {
+        "mean_ttft_ms": statistics.fmean(w[0] for _, w in log) - sends,
+        "mean_tpot_ms": statistics.fmean((w[-1] - w[0]) / (N_OUT - 1) for _, w in log),
+        "mean_itl_ms": statistics.fmean(b - a for _, w in log for a, b in zip(w, w[1:])),
+        "mean_e2el_ms": statistics.fmean(w[-1] for _, w in log) - sends,
+    }
+    off = {k: (round(d[k], 2), round(v * 1000, 2)) for k, v in truth.items() if not _within(d[k], v)}
+    assert not off, off
+    # the nominal schedule, loosely (the box may deschedule the fake itself)
+    for key, nominal in (("median_ttft_ms", X), ("median_tpot_ms", Y), ("median_itl_ms", Y)):
+        assert _within(d[key], nominal, 0.25), (key, d[key])
     # prompts sized by the server's own counts (chat adds template tokens the fit must absorb)
     assert d["total_input_tokens"] == 8 * 50
     assert d["total_output_tokens"] == 8 * N_OUT
-    assert d["max_concurrent_requests"] == 4
+    assert d["max_concurrent_requests"] == 8
     assert d["per_npu_output_throughput"] == pytest.approx(d["output_throughput"] / 2)
-    # 2 waves of 4 requests, each X + 15 Y = 400 ms
-    assert 0.78 < d["duration"] < 1.0
+    # one wave of 8 requests, each X + 11 Y = 475 ms
+    assert 0.47 < d["duration"] < 0.7
 
 
 async def test_warmup_requests_are_not_measured(fake) -> None:

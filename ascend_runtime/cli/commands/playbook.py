@@ -1,0 +1,208 @@
+"""`ascend-deploy playbook`: run host playbooks (preflight, npu-network, facts) over SSH.
+
+    ascend-deploy playbook list
+    ascend-deploy playbook run NAME --stack STACK [--check] [--limit HOST]
+        [--known-hosts FILE] [--accept-new-host-keys] [--json FILE]
+        [--inventory FILE] [--vars FILE] [--var KEY=VALUE] [--forks N]
+
+Exit codes: 0 every host passed, 1 a host failed (or was unreachable / refused),
+2 invalid input (the message names the field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ascend_runtime.config.errors import ConfigError
+from ascend_runtime.hosts import playbook as pb
+from ascend_runtime.hosts.engine import RunReport, Runner, StepResult
+from ascend_runtime.hosts.facts import apply_facts, dump_inventory, write_if_changed
+from ascend_runtime.hosts.ssh import ConnectOptions, Endpoint
+from ascend_runtime.hosts.stackref import load_inventory, read_stack
+
+_STYLE = {"ok": "green", "changed": "yellow", "would_change": "cyan", "skip": "dim", "fail": "bold red"}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `playbook list` and `playbook run`."""
+    parser = subparsers.add_parser("playbook", help="Run host playbooks (preflight, npu-network, facts) over SSH.")
+    sub = parser.add_subparsers(dest="playbook_command", metavar="ACTION")
+
+    lst = sub.add_parser("list", help="List the playbooks and the hardware kinds they apply to.")
+    lst.add_argument("--playbooks-dir", type=Path, default=None, help="Directory of playbook files.")
+    lst.set_defaults(func=cmd_list)
+
+    run = sub.add_parser("run", help="Run a playbook on the stack's hosts.")
+    run.add_argument("name", help="Playbook name (see `playbook list`) or a playbook file path.")
+    run.add_argument("--stack", required=True, help="Stack name (stacks/Pulumi.<stack>.yaml).")
+    run.add_argument("--stacks-dir", type=Path, default=None, help="Stacks directory (default $ASCEND_STACKS_DIR or ./stacks).")
+    run.add_argument("--check", action="store_true", help="Change nothing; show what would change.")
+    run.add_argument("--limit", action="append", default=[], metavar="HOST",
+                     help="Only these hosts (node name or address; repeat or comma-separate).")
+    run.add_argument("--known-hosts", default=None, metavar="FILE", help="known_hosts file (default: inventory ssh.known_hosts).")
+    run.add_argument("--accept-new-host-keys", action="store_true",
+                     help="Trust on first use: record unknown host keys in the known_hosts file (changed keys are still refused).")
+    run.add_argument("--json", type=Path, default=None, metavar="FILE", help="Also write the results as JSON.")
+    run.add_argument("--inventory", type=Path, default=None, metavar="FILE", help="Use this inventory instead of the stack's.")
+    run.add_argument("--vars", type=Path, default=None, metavar="FILE",
+                     help="YAML with playbook variables: {all: {...}, hosts: {NODE: {...}}}.")
+    run.add_argument("--var", action="append", default=[], metavar="KEY=VALUE", help="Set a playbook variable (YAML value).")
+    run.add_argument("--forks", type=int, default=16, help="Hosts handled in parallel (default 16).")
+    run.add_argument("--connect-retries", type=int, default=3, help="Connection attempts per host (default 3).")
+    run.add_argument("--playbooks-dir", type=Path, default=None, help="Directory of playbook files.")
+    run.set_defaults(func=cmd_run)
+    parser.set_defaults(func=lambda args: (parser.print_help(sys.stderr), 2)[1])
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Print the available playbooks."""
+    console = Console()
+    table = Table("playbook", "hardware", "steps", "description")
+    for name in pb.available(args.playbooks_dir):
+        try:
+            book = pb.load(name, args.playbooks_dir)
+        except ConfigError as exc:
+            console.print(f"[red]{escape(str(exc))}[/red]")
+            return 2
+        table.add_row(name, ", ".join(book.hardware), str(len(book.steps)), book.description)
+    console.print(table)
+    return 0
+
+
+def _parse_vars(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    vars_all: dict[str, Any] = {}
+    vars_hosts: dict[str, dict[str, Any]] = {}
+    if args.vars:
+        try:
+            data = yaml.safe_load(args.vars.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError.single("--vars", f"cannot read: {exc}", str(args.vars)) from None
+        if not isinstance(data, dict) or set(data) - {"all", "hosts"}:
+            raise ConfigError.single("--vars", "must be a mapping with keys all and hosts", str(args.vars))
+        vars_all.update(data.get("all") or {})
+        vars_hosts.update(data.get("hosts") or {})
+    for item in args.var:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError.single("--var", "expected KEY=VALUE", item)
+        vars_all[key] = yaml.safe_load(value) if value else ""
+    return vars_all, vars_hosts
+
+
+def _print_result(console: Console, r: StepResult) -> None:
+    style = _STYLE.get(r.status, "")
+    tag = " (cross-host)" if r.cross_host else ""
+    console.print(f"[bold]{escape(r.host)}[/bold] {escape(r.step)}{tag}: [{style}]{r.status.upper()}[/{style}] "
+                  f"{escape(r.message)}", highlight=False, soft_wrap=True)
+
+
+def _summary(console: Console, report: RunReport, hosts: list[str]) -> None:
+    table = Table(title=f"{report.playbook} on {report.hardware}" + (" (check)" if report.check else ""))
+    table.add_column("host")
+    for status in ("ok", "changed", "would_change", "skip", "fail"):
+        table.add_column(status, justify="right")
+    table.add_column("result")
+    for host in hosts:
+        rows = [r for r in report.results if r.host == host]
+        counts = [sum(1 for r in rows if r.status == s) for s in ("ok", "changed", "would_change", "skip", "fail")]
+        if host in report.unreachable:
+            verdict = "[bold red]UNREACHABLE[/bold red]"
+        else:
+            verdict = "[bold red]FAILED[/bold red]" if counts[-1] else "[green]PASSED[/green]"
+        table.add_row(escape(host), *map(str, counts), verdict)
+    console.print(table)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a playbook; 0 all hosts passed, 1 a host failed, 2 invalid input."""
+    console = Console(highlight=False)
+    try:
+        book = pb.load(args.name, args.playbooks_dir)
+        stack = read_stack(args.stack, args.stacks_dir)
+        if stack.hardware not in book.hardware:
+            raise ConfigError.single("config.ascend-deepseek:hardware", f"playbook {book.name} does not apply",
+                                     stack.hardware, hint=f"it applies to {', '.join(book.hardware)}")
+        inventory_path = args.inventory or stack.inventory_path
+        inventory = load_inventory(inventory_path)
+        if not inventory.nodes:
+            raise ConfigError.single("nodes", "the inventory has no nodes", source=str(inventory_path))
+        limit = [h for item in args.limit for h in item.split(",") if h]
+        known = {n.name for n in inventory.nodes} | {str(n.host_ip) for n in inventory.nodes} | {
+            n.ssh_host for n in inventory.nodes if n.ssh_host}
+        unknown = [h for h in limit if h not in known]
+        if unknown:
+            raise ConfigError.single("--limit", "no such host in the inventory", ", ".join(unknown))
+        vars_all, vars_hosts = _parse_vars(args)
+        bad_hosts = sorted(set(vars_hosts) - {n.name for n in inventory.nodes})
+        if bad_hosts:
+            raise ConfigError.single("--vars.hosts", "no such node in the inventory", ", ".join(bad_hosts))
+        if args.forks < 1:
+            raise ConfigError.single("--forks", "must be at least 1", args.forks)
+        ssh = inventory.ssh
+        jump = Endpoint.parse(ssh.jump_host, ssh.user) if ssh.jump_host else None
+    except ConfigError as exc:
+        console.print(f"[red]{escape(str(exc))}[/red]")
+        return 2
+    except ValueError as exc:
+        console.print(f"[red]invalid input: {escape(str(exc))}[/red]")
+        return 2
+
+    opts = ConnectOptions(
+        known_hosts=args.known_hosts or ssh.known_hosts,
+        accept_new=args.accept_new_host_keys,
+        key_file=ssh.key_file,
+        jump=jump,
+        connect_timeout_s=ssh.connect_timeout_s,
+        retries=max(1, args.connect_retries),
+        sudo=ssh.sudo,
+    )
+    lock = threading.Lock()
+
+    def on_result(r: StepResult) -> None:
+        with lock:
+            _print_result(console, r)
+
+    runner = Runner(book, inventory, stack.hardware, opts, check=args.check, forks=args.forks,
+                    vars_all=vars_all, vars_hosts=vars_hosts, on_result=on_result)
+    console.print(f"[bold]playbook {book.name}[/bold] on stack {args.stack} ({stack.hardware}), "
+                  f"inventory {inventory_path}" + (" [cyan](check mode: nothing is changed)[/cyan]" if args.check else ""))
+    report = runner.run(limit or None)
+
+    extra: dict[str, Any] = {}
+    if book.facts is not None:
+        new_inventory, problems = apply_facts(inventory, report, book.facts, stack.hardware)
+        for host, issues in sorted(problems.items()):
+            if issues != ["not updated: the host has failed steps"]:
+                on_result(StepResult(host, "inventory facts", "fail", "; ".join(issues)))
+                report.results.append(StepResult(host, "inventory facts", "fail", "; ".join(issues)))
+        text = dump_inventory(new_inventory)
+        current = Path(inventory_path).read_text(encoding="utf-8")
+        if args.check:
+            extra["inventory_would_change"] = text != current
+            console.print(f"inventory {inventory_path}: " + ("would change" if text != current else "unchanged"))
+        else:
+            written = write_if_changed(Path(inventory_path), text)
+            extra["inventory_written"] = written
+            console.print(f"inventory {inventory_path}: " + ("written" if written else "unchanged (no byte changed)"))
+
+    hosts = [n.name for n in inventory.nodes if not limit or n.name in limit or str(n.host_ip) in limit
+             or (n.ssh_host and n.ssh_host in limit)]
+    _summary(console, report, hosts)
+    if args.json:
+        data = report.to_json() | extra | {"stack": args.stack, "inventory": str(inventory_path)}
+        args.json.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    failed = report.failed_hosts()
+    if failed:
+        console.print(f"[bold red]failed hosts: {escape(', '.join(failed))}[/bold red]")
+        return 1
+    return 0

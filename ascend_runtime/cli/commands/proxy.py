@@ -1,0 +1,108 @@
+"""`ascend-deploy proxy`: run the PD proxy in front of prefill and decode instances."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+from ascend_runtime.proxy.config import ProxyConfig, RoutingWeights
+from ascend_runtime.proxy.instances import InstanceSpec, InstanceSpecError, check_unique, parse_cli_instance
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001
+    p = subparsers.add_parser("proxy", help="run the PD-aware proxy (prefill -> decode, load-balanced)",
+                              description="Serve /v1/completions and /v1/chat/completions through a prefill "
+                                          "and a decode instance (vLLM-Ascend KV-transfer protocol).")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    src = p.add_argument_group("instances (command line, file, or Kubernetes)")
+    src.add_argument("--prefill", action="append", default=[], metavar="URL[,name=NAME][,weight=W]")
+    src.add_argument("--decode", action="append", default=[], metavar="URL[,name=NAME][,weight=W]")
+    src.add_argument("--instances-file", type=Path, help="YAML/JSON list of {name, role, url}; reloaded on "
+                                                         "change and on SIGHUP")
+    src.add_argument("--k8s-namespace", help="watch EndpointSlices in this namespace")
+    src.add_argument("--k8s-prefill-selector", help="label selector of the prefill Service's EndpointSlices")
+    src.add_argument("--k8s-decode-selector", help="label selector of the decode Service's EndpointSlices")
+    src.add_argument("--k8s-port-name", default="http")
+    p.add_argument("--admin-token-env", metavar="VAR",
+                   help="name of the environment variable holding the admin bearer token")
+    t = p.add_argument_group("timeouts and health (seconds)")
+    t.add_argument("--connect-timeout-s", type=float, default=3.0)
+    t.add_argument("--prefill-timeout-s", type=float, default=300.0)
+    t.add_argument("--first-token-timeout-s", type=float, default=60.0)
+    t.add_argument("--stream-idle-timeout-s", type=float, default=120.0)
+    t.add_argument("--health-interval-s", type=float, default=2.0)
+    t.add_argument("--health-timeout-s", type=float, default=1.0)
+    t.add_argument("--eject-after", type=int, default=3, help="consecutive failures before ejection")
+    t.add_argument("--eject-duration-s", type=float, default=5.0)
+    t.add_argument("--max-attempts", type=int, default=3, help="instances tried per request and role")
+    w = p.add_argument_group("routing weights (lower score wins)")
+    d = RoutingWeights()
+    for field in d.__slots__:  # type: ignore[attr-defined]
+        w.add_argument("--" + field.replace("_", "-"), type=float, default=getattr(d, field))
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=handler)
+
+
+def config_from_args(args: argparse.Namespace) -> ProxyConfig:
+    """Build a ProxyConfig; raises InstanceSpecError / ValueError on bad input."""
+    specs: list[InstanceSpec] = [parse_cli_instance("prefill", v) for v in args.prefill]
+    specs += [parse_cli_instance("decode", v) for v in args.decode]
+    check_unique(specs)
+    k8s = bool(args.k8s_namespace)
+    if not specs and args.instances_file is None and not k8s:
+        raise ValueError("give --prefill/--decode, --instances-file or --k8s-namespace")
+    token = None
+    if args.admin_token_env:
+        token = os.environ.get(args.admin_token_env)
+        if not token:
+            raise ValueError(f"--admin-token-env {args.admin_token_env}: variable is not set or empty")
+    weights = RoutingWeights(**{f: getattr(args, f) for f in RoutingWeights.__slots__})  # type: ignore[attr-defined]
+    return ProxyConfig(
+        host=args.host, port=args.port, instances=specs, instances_file=args.instances_file, admin_token=token,
+        connect_timeout_s=args.connect_timeout_s, prefill_timeout_s=args.prefill_timeout_s,
+        first_token_timeout_s=args.first_token_timeout_s, stream_idle_timeout_s=args.stream_idle_timeout_s,
+        health_interval_s=args.health_interval_s, health_timeout_s=args.health_timeout_s,
+        eject_after=args.eject_after, eject_duration_s=args.eject_duration_s, max_attempts=args.max_attempts,
+        weights=weights, install_sighup=True,
+    )
+
+
+async def _serve(cfg: ProxyConfig, args: argparse.Namespace) -> None:
+    from ascend_runtime.proxy.discovery import KubernetesDiscovery
+    from ascend_runtime.proxy.server import start_proxy
+
+    k8s = None
+    if args.k8s_namespace:
+        selectors = {r: s for r, s in (("prefill", args.k8s_prefill_selector),
+                                       ("decode", args.k8s_decode_selector)) if s}
+        k8s = KubernetesDiscovery(lambda specs: None, args.k8s_namespace, selectors,  # type: ignore[arg-type]
+                                  port_name=args.k8s_port_name)
+    handle = await start_proxy(cfg, k8s=k8s)
+    print(f"proxy listening on {handle.url}", file=sys.stderr, flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await handle.stop()
+
+
+def handler(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = config_from_args(args)
+    except (InstanceSpecError, ValueError) as exc:
+        print(f"ascend-deploy proxy: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(cfg, args))
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        print(f"ascend-deploy proxy: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,82 @@
+"""`ascend-deploy sim`: run one simulated vLLM-Ascend prefill or decode instance.
+
+Options map one to one onto :class:`ascend_runtime.sim.config.SimConfig`
+(``config_from_args``); a later ``--stack NAME`` only has to build that
+object from the Plan. Exit codes: 0 stopped cleanly, 2 invalid options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pydantic import ValidationError
+
+from ascend_runtime.sim.config import SimConfig
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the `sim` sub-command."""
+    p = subparsers.add_parser("sim", help="Run an engine simulator (a vLLM-Ascend instance without NPUs).",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--role", required=True, choices=["prefill", "decode"])
+    p.add_argument("--instance", required=True, help="Instance name (x-instance header, engine id prefix).")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--kv-port", type=int, required=True, help="KV transfer TCP port.")
+    p.add_argument("--kv-host", default=None, help="Host announced in kv_transfer_params (default: --host).")
+    p.add_argument("--hardware", choices=["atlas-800i-a2", "cm384"], default="atlas-800i-a2")
+    for flag in ("npus", "dp", "tp", "ep", "nodes"):
+        p.add_argument(f"--{flag}", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None, help="Per DP rank.")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="Per DP rank.")
+    p.add_argument("--redundant-experts", type=int, default=0)
+    p.add_argument("--mtp", action="store_true", help="One MTP layer (90%% draft acceptance).")
+    p.add_argument("--speedup", type=float, default=1.0, help="Divides every modelled time (default 1).")
+    p.add_argument("--startup-delay", type=float, default=0.0, help="Wall seconds /health answers 503.")
+    p.add_argument("--link-gbps", type=float, default=None, help="PD KV link rate, Gbit/s (default by hardware).")
+    p.add_argument("--kv-timeout-s", type=float, default=120.0, help="Prefill frees unpulled KV after this.")
+    p.add_argument("--kv-wire-scale", type=float, default=1.0 / 1024,
+                   help="Fraction of the modelled KV bytes really sent (default 1/1024).")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="deepseek-ai/DeepSeek-R1")
+    p.add_argument("--expert-map", default=None, help="vLLM-Ascend expert map JSON applied at start.")
+    p.set_defaults(func=handler)
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    """The SimConfig the flags describe (the seam a Plan-driven ``--stack`` will replace)."""
+    return SimConfig(
+        role=args.role, instance=args.instance, host=args.host, port=args.port, kv_port=args.kv_port,
+        kv_host=args.kv_host, hardware=args.hardware, npus=args.npus, dp=args.dp, tp=args.tp, ep=args.ep,
+        nodes=args.nodes, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        redundant_experts=args.redundant_experts, mtp=args.mtp, speedup=args.speedup,
+        startup_delay=args.startup_delay, link_gbps=args.link_gbps, kv_timeout_s=args.kv_timeout_s,
+        kv_wire_scale=args.kv_wire_scale, seed=args.seed, model=args.model, expert_map=args.expert_map,
+    )
+
+
+def handler(args: argparse.Namespace) -> int:
+    """Run the simulator until interrupted."""
+    from ascend_runtime.sim.server import run_simulator
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = config_from_args(args)
+        cfg.resolved()
+        from ascend_runtime.sim.capacity import kv_capacity_tokens
+
+        kv_capacity_tokens(cfg.resolved())
+    except (ValidationError, ValueError) as exc:
+        print(f"ascend-deploy sim: invalid options: {exc}", file=sys.stderr)
+        return 2
+    try:
+        run_simulator(cfg)
+    except ValueError as exc:  # expert map file rejected
+        print(f"ascend-deploy sim: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"ascend-deploy sim: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,213 @@
+"""Pulumi ComponentResources wrapping the object data in typed pulumi_kubernetes resources.
+
+The objects come from :func:`ascend_runtime.deploy.objects.build_system`; this
+layer only adds resource classes, parents, ordering and outputs. Each object
+dict becomes e.g. ``k8s.apps.v1.Deployment(name, metadata=..., spec=...)``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from ascend_runtime.deploy.objects import K8sObject, SystemObjects
+from ascend_runtime.deploy.objects.common import EXPERT_MAP_CONFIGMAP, SECRET_KEYS, secret_placeholder
+from ascend_runtime.planner.plan import InstancePlan, Plan
+
+TYPE_PREFIX = "ascend-deepseek:deploy"
+
+#: (apiVersion, kind) -> typed pulumi_kubernetes resource class.
+RESOURCE_CLASSES: dict[tuple[str, str], type[pulumi.CustomResource]] = {
+    ("v1", "Namespace"): k8s.core.v1.Namespace,
+    ("v1", "Node"): k8s.core.v1.NodePatch,
+    ("v1", "ConfigMap"): k8s.core.v1.ConfigMap,
+    ("v1", "Secret"): k8s.core.v1.Secret,
+    ("v1", "Service"): k8s.core.v1.Service,
+    ("v1", "ServiceAccount"): k8s.core.v1.ServiceAccount,
+    ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
+    ("apps/v1", "DaemonSet"): k8s.apps.v1.DaemonSet,
+    ("batch/v1", "Job"): k8s.batch.v1.Job,
+    ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
+    ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
+    ("rbac.authorization.k8s.io/v1", "Role"): k8s.rbac.v1.Role,
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.rbac.v1.RoleBinding,
+    ("node.k8s.io/v1", "RuntimeClass"): k8s.node.v1.RuntimeClass,
+}
+WORKLOAD_KINDS = ("Deployment", "DaemonSet")
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
+
+
+def _with_secrets(value: Any) -> Any:
+    """Replace secret placeholders by the Pulumi secret config values (Outputs marked secret)."""
+    if isinstance(value, dict):
+        return {k: _with_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_with_secrets(v) for v in value]
+    if isinstance(value, str):
+        for key in SECRET_KEYS:
+            if value == secret_placeholder(key):
+                return pulumi.Config().require_secret(key)
+    return value
+
+
+def resource_name(obj: K8sObject) -> str:
+    """Pulumi logical name: ``[namespace/]name`` (unique per resource type)."""
+    meta = obj["metadata"]
+    return f"{meta['namespace']}/{meta['name']}" if "namespace" in meta else meta["name"]
+
+
+def register(obj: K8sObject, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
+    """Wrap one object dict in its typed pulumi_kubernetes resource."""
+    api_version, kind = obj["apiVersion"], obj["kind"]
+    body = {_snake(k): _with_secrets(v) for k, v in obj.items() if k not in ("apiVersion", "kind")}
+    cls = RESOURCE_CLASSES.get((api_version, kind))
+    if cls is None:
+        if "." not in api_version.split("/")[0]:
+            raise KeyError(f"no resource class for {api_version} {kind}")
+        return k8s.apiextensions.CustomResource(
+            resource_name(obj), api_version=api_version, kind=kind, metadata=obj["metadata"],
+            spec=obj.get("spec"), opts=opts)
+    return cls(resource_name(obj), opts=opts, **body)
+
+
+def _child(parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] = (), **extra: Any) -> pulumi.ResourceOptions:
+    return pulumi.ResourceOptions(parent=parent, depends_on=list(depends_on), **extra)
+
+
+@dataclass
+class ObjectsArgs:
+    """Objects a component registers and the resources they must wait for."""
+
+    objects: list[K8sObject]
+    depends_on: list[pulumi.Resource] = field(default_factory=list)
+
+
+class _ObjectsComponent(pulumi.ComponentResource):
+    """Registers its objects in order; ConfigMaps and RBAC first, workloads after them."""
+
+    type_name = "Objects"
+
+    def __init__(self, name: str, args: ObjectsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(f"{TYPE_PREFIX}:{self.type_name}", name, None, opts)
+        self.depends_on: list[pulumi.Resource] = list(args.depends_on)
+        self.resources: list[pulumi.CustomResource] = []
+        self.workloads: list[pulumi.CustomResource] = []
+        support: list[pulumi.Resource] = []
+        for obj in args.objects:
+            is_workload = obj["kind"] in WORKLOAD_KINDS or obj["kind"] == "Job"
+            deps = [*args.depends_on, *(support if is_workload else [])]
+            extra = self.extra_options(obj)
+            res = register(obj, _child(self, deps, **extra))
+            self.resources.append(res)
+            (self.workloads if is_workload else support).append(res)
+        self.register_outputs({"objects": len(self.resources)})
+
+    def extra_options(self, obj: K8sObject) -> dict[str, Any]:
+        """Per-object resource options (none by default)."""
+        return {}
+
+
+class ClusterPrep(_ObjectsComponent):
+    """Namespace, RuntimeClass, device plugin, secrets and node labels/taints (NodePatch)."""
+
+    type_name = "ClusterPrep"
+
+
+@dataclass
+class EngineInstanceArgs(ObjectsArgs):
+    """One engine instance: its Plan entry and its objects (ConfigMaps, rank Deployments, Service, PDB)."""
+
+    instance: InstancePlan | None = None
+
+
+class EngineInstance(_ObjectsComponent):
+    """All ranks of one vLLM-Ascend instance; ``workloads`` are the rank Deployments."""
+
+    type_name = "EngineInstance"
+
+    def __init__(self, name: str, args: EngineInstanceArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(name, args, opts)
+        inst = args.instance
+        self.nodes = list(inst.nodes) if inst else []
+
+
+class Proxy(_ObjectsComponent):
+    """The PD proxy Deployment, Service, instances ConfigMap and PDB."""
+
+    type_name = "Proxy"
+
+
+class Balancer(_ObjectsComponent):
+    """The expert balancer; Pulumi leaves the content of its expert-map ConfigMap alone."""
+
+    type_name = "Balancer"
+
+    def extra_options(self, obj: K8sObject) -> dict[str, Any]:
+        if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == EXPERT_MAP_CONFIGMAP:
+            return {"ignore_changes": ["data"]}
+        return {}
+
+
+class NetworkPolicies(_ObjectsComponent):
+    """NetworkPolicies of the serving namespace."""
+
+    type_name = "NetworkPolicies"
+
+
+class Monitoring(_ObjectsComponent):
+    """ServiceMonitor/PodMonitor (when the operator CRDs exist) and the Grafana dashboard."""
+
+    type_name = "Monitoring"
+
+
+class PostDeployChecks(_ObjectsComponent):
+    """The check Job; it depends on every workload, and its failure fails `pulumi up`."""
+
+    type_name = "PostDeployChecks"
+
+
+@dataclass
+class ServingSystemArgs:
+    """The Plan and its objects (from ``build_system``)."""
+
+    plan: Plan
+    objects: SystemObjects
+
+
+class ServingSystem(pulumi.ComponentResource):
+    """The whole PD-separated serving system of one stack."""
+
+    def __init__(self, name: str, args: ServingSystemArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(f"{TYPE_PREFIX}:ServingSystem", name, None, opts)
+        objs = args.objects
+        child = pulumi.ResourceOptions(parent=self)
+        self.cluster = ClusterPrep("cluster", ObjectsArgs(objs.cluster + objs.node_patches), child)
+        base = [self.cluster]
+        self.engines: dict[str, EngineInstance] = {
+            name: EngineInstance(name, EngineInstanceArgs(o, base, args.plan.instance(name)), child)
+            for name, o in objs.engines.items()
+        }
+        self.proxy = Proxy("proxy", ObjectsArgs(objs.proxy, base), child)
+        self.balancer = Balancer("balancer", ObjectsArgs(objs.balancer, base), child) if objs.balancer else None
+        self.network = NetworkPolicies("network", ObjectsArgs(objs.network, base), child)
+        self.monitoring = Monitoring("monitoring", ObjectsArgs(objs.monitoring, base), child)
+        workloads = [*self.engines.values(), self.proxy, *([self.balancer] if self.balancer else [])]
+        self.checks = (
+            PostDeployChecks("checks", ObjectsArgs(objs.checks, [*base, *workloads, self.network]), child)
+            if objs.checks else None
+        )
+        self.register_outputs({"instances": {n: e.nodes for n, e in self.engines.items()}})
+
+
+def present_secrets() -> frozenset[str]:
+    """Secret config keys set on the stack (read with ``get_secret``; values never leave Pulumi)."""
+    config = pulumi.Config()
+    return frozenset(k for k in SECRET_KEYS if config.get_secret(k) is not None)

@@ -1,0 +1,380 @@
+"""The simulator's aiohttp application and its lifecycle.
+
+``start_simulator(config)`` starts the HTTP server, the KV TCP server and the
+engine on the running loop and returns a :class:`SimHandle` (``.url``,
+``.port``, ``.kv_port``, ``.engine_id``, ``await .stop()``);
+``run_simulator(config)`` does the same in a fresh loop until SIGINT/SIGTERM.
+Routes are listed in docs/simulator.md. Every response carries ``x-instance``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from ascend_runtime.sim import api
+from ascend_runtime.sim.config import SimConfig
+from ascend_runtime.sim.engine import Engine, EngineFull, Sequence
+from ascend_runtime.sim.experts import ExpertMap, ExpertMapError, balancedness
+from ascend_runtime.sim.faults import Faults
+from ascend_runtime.sim.kv import KVPullError, KVStore, pull
+from ascend_runtime.sim.metrics import SimMetrics
+
+log = logging.getLogger("ascend_runtime.sim")
+#: Wall seconds a decode waits on a KV pull before answering 502.
+KV_PULL_TIMEOUT_S = 60.0
+
+
+@dataclass
+class SimState:
+    """Everything the handlers share."""
+
+    cfg: SimConfig
+    engine: Engine
+    kv: KVStore
+    faults: Faults
+    metrics: SimMetrics
+    ready_at: float
+    kv_port: int = 0
+    stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def load_expert_map_file(path: str, cfg: SimConfig) -> ExpertMap:
+    """Read and validate a vLLM-Ascend expert map file for a resolved config."""
+    shape = cfg.model_shape()
+    doc = json.loads(Path(path).read_text())
+    return ExpertMap.from_vllm_json(doc, shape.num_moe_layers, shape.num_routed_experts, int(cfg.ep or 1),
+                                    cfg.slots_per_rank)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status)
+
+
+def _error(message: str, status: int, err_type: str = "BadRequestError") -> web.Response:
+    return _json(api.error_body(message, status, err_type), status)
+
+
+class Handlers:
+    """Route handlers over one SimState."""
+
+    def __init__(self, st: SimState) -> None:
+        self.st = st
+
+    def ready(self) -> bool:
+        return asyncio.get_running_loop().time() >= self.st.ready_at
+
+    # ---- OpenAI ----------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        st = self.st
+        if not self.ready():
+            return _error("engine is starting", 503, "ServiceUnavailableError")
+        await st.faults.before_request()
+        if st.faults.should_fail():
+            st.metrics.failures += 1
+            return _error("injected fault", 500, "InternalServerError")
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error("request body is not JSON", 400)
+        try:
+            req = api.parse(body, chat, st.cfg.model, st.cfg.model_shape().max_model_len)
+        except api.BadRequest as exc:
+            return _error(str(exc), 400)
+        kvp = req.kv_transfer_params or {}
+        headers: dict[str, str] = {}
+        prefilled = False
+        if kvp.get("do_remote_prefill"):
+            try:
+                res = await self._pull(kvp)
+            except KVPullError as exc:
+                st.metrics.failures += 1
+                return _error(str(exc), exc.status, "KVTransferError")
+            prefilled = True
+            headers = {"x-kv-modelled-bytes": str(res.modelled_bytes), "x-kv-wire-bytes": str(res.wire_bytes),
+                       "x-kv-transfer-ms": f"{res.wall_seconds * 1000:.3f}",
+                       "x-kv-modelled-ms": f"{res.modelled_seconds * 1000:.3f}"}
+            if res.tokens != req.prompt_tokens:
+                headers["x-kv-token-mismatch"] = f"{res.tokens}!={req.prompt_tokens}"
+        try:
+            seq = st.engine.submit(req.prompt_tokens, req.max_tokens, prefilled=prefilled)
+        except EngineFull as exc:
+            return _error(str(exc), 400)
+        resp = api.Responder(req)
+        if req.stream:
+            return await self._stream(request, seq, resp, req, headers)
+        try:
+            while not seq.finished:
+                seq.event.clear()
+                await seq.event.wait()
+        except asyncio.CancelledError:
+            st.engine.abort(seq)
+            raise
+        out = resp.full(seq.generated, seq.finish_reason or "length")
+        if kvp.get("do_remote_decode"):
+            entry = st.kv.hold(req.prompt_tokens)
+            out["kv_transfer_params"] = {
+                "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": st.kv.engine_id,
+                "remote_block_ids": entry.block_ids, "remote_host": st.cfg.kv_host, "remote_port": st.kv_port,
+                "tp_size": st.cfg.tp,
+            }
+        return web.json_response(out, headers=headers)
+
+    async def _pull(self, kvp: dict[str, Any]):  # type: ignore[no-untyped-def]
+        st = self.st
+        try:
+            host = str(kvp["remote_host"])
+            port = int(kvp["remote_port"])
+            ids = [int(b) for b in kvp["remote_block_ids"]]
+            engine_id = str(kvp["remote_engine_id"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise KVPullError(f"kv_transfer_params lack remote_host/remote_port/remote_block_ids/"
+                              f"remote_engine_id: {exc!r}") from exc
+        res = await pull(host, port, engine_id, ids, KV_PULL_TIMEOUT_S)
+        st.kv.stats.received_modelled += res.modelled_bytes
+        st.kv.stats.received_wire += res.wire_bytes
+        st.kv.stats.transfers_in += 1
+        log.info("%s pulled %d modelled KV bytes (%d on the wire) for %d tokens from %s:%d in %.1f ms",
+                 st.cfg.instance, res.modelled_bytes, res.wire_bytes, res.tokens, host, port, res.wall_seconds * 1e3)
+        return res
+
+    async def _stream(self, request: web.Request, seq: Sequence, resp: api.Responder, req: api.ParsedRequest,
+                      headers: dict[str, str]) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
+        sent = 0
+        try:
+            await out.prepare(request)
+            while True:
+                seq.event.clear()
+                if seq.generated == sent and not seq.finished:
+                    await seq.event.wait()
+                upto, done = seq.generated, seq.finished
+                buf = []
+                for i in range(sent, upto):
+                    finish = (seq.finish_reason or "length") if done and i == upto - 1 else None
+                    buf.append(b"data: " + json.dumps(resp.chunk(api.word(i), i, finish)).encode() + b"\n\n")
+                sent = upto
+                if buf:
+                    await out.write(b"".join(buf))
+                if done:
+                    break
+            if req.include_usage:
+                await out.write(b"data: " + json.dumps(resp.usage_chunk(sent)).encode() + b"\n\n")
+            await out.write(b"data: [DONE]\n\n")
+            await out.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.st.engine.abort(seq)
+            raise
+        return out
+
+    async def models(self, request: web.Request) -> web.Response:
+        m = self.st.cfg.model
+        return _json({"object": "list", "data": [{
+            "id": m, "object": "model", "created": int(time.time()), "owned_by": "vllm", "root": m, "parent": None,
+            "max_model_len": self.st.cfg.model_shape().max_model_len}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        if not self.ready():
+            return _error("engine is starting", 503, "ServiceUnavailableError")
+        await self.st.faults.wait_not_hung()
+        return web.Response(status=200)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.st.metrics.exposition(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    # ---- admin -----------------------------------------------------------------
+    async def expert_load(self, request: web.Request) -> web.Response:
+        try:
+            since = int(request.query.get("since", "0"))
+            seq, experts, ranks = self.st.engine.load_since(since)
+        except (ValueError, KeyError):
+            return _error(f"unknown since={request.query.get('since')!r}: use 0 or a seq this endpoint returned", 400)
+        e = self.st.engine
+        return _json({"seq": seq, "layers": e.layers, "experts": e.experts, "ranks": e.ranks,
+                      "expert_load": experts.tolist(), "rank_load": ranks.tolist()})
+
+    async def get_expert_map(self, request: web.Request) -> web.Response:
+        return _json(self.st.engine.expert_map.to_vllm_json())
+
+    async def post_expert_map(self, request: web.Request) -> web.Response:
+        e, cfg = self.st.engine, self.st.cfg
+        try:
+            doc = await request.json()
+            m = ExpertMap.from_vllm_json(doc, e.layers, e.experts, e.ranks, cfg.slots_per_rank)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error("expert map is not JSON", 400)
+        except ExpertMapError as exc:
+            return _error(f"invalid expert map: {exc}", 400)
+        b = e.apply_map(m)
+        log.info("%s applied an expert map (expected balancedness %.3f)", cfg.instance, b)
+        return _json({"applied": True, "balancedness": b})
+
+    async def faults(self, request: web.Request) -> web.Response:
+        st = self.st
+        if request.method == "GET":
+            return _json(st.faults.as_dict())
+        try:
+            exit_now = st.faults.update(await request.json())
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError) as exc:
+            return _error(f"invalid faults: {exc}", 400)
+        if exit_now:
+            loop = asyncio.get_running_loop()
+            if st.cfg.exit_on_fault:
+                log.warning("%s exiting on request (fault injection)", st.cfg.instance)
+                loop.call_later(0.1, os._exit, 3)
+            else:
+                loop.call_later(0.05, st.stop_requested.set)
+        return _json({**st.faults.as_dict(), "exit": exit_now})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        st = self.st
+        e, k = st.engine, st.kv.stats
+        busy = max(e.busy_steps, 1)
+        npus = int(st.cfg.npus or 1)
+        return _json({
+            "instance": st.cfg.instance, "role": st.cfg.role, "hardware": st.cfg.hardware,
+            "engine_id": st.kv.engine_id, "speedup": st.cfg.speedup,
+            "shape": {"npus": st.cfg.npus, "dp": st.cfg.dp, "tp": st.cfg.tp, "ep": st.cfg.ep, "nodes": st.cfg.nodes,
+                      "max_num_seqs": st.cfg.max_num_seqs, "max_num_batched_tokens": st.cfg.max_num_batched_tokens,
+                      "redundant_experts": st.cfg.redundant_experts, "mtp": st.cfg.mtp},
+            "steps": e.busy_steps, "mean_step_ms": e.modelled_time / busy * 1000.0,
+            "modelled_seconds": e.modelled_time,
+            "mean_step_wall_ms": e.modelled_time / busy * 1000.0 / st.cfg.speedup,
+            "balancedness": e.recent_balancedness(),
+            "expected_balancedness": balancedness(e.expert_map.expected_rank_loads(e.router.probabilities())),
+            "running": e.num_running, "waiting": len(e.waiting), "kv_cache_usage": e.kv_usage,
+            "kv_capacity_tokens_per_dp_rank": e.kv_capacity,
+            "prompt_tokens": e.tokens_prefilled, "generation_tokens": e.tokens_generated,
+            "generation_tokens_per_s_per_npu": e.tokens_generated / e.modelled_time / npus if e.modelled_time else 0.0,
+            "prompt_tokens_per_s_per_npu": e.tokens_prefilled / e.modelled_time / npus if e.modelled_time else 0.0,
+            "kv_bytes_moved": k.sent_modelled + k.received_modelled,
+            "kv_bytes_sent": k.sent_modelled, "kv_bytes_received": k.received_modelled,
+            "kv_wire_bytes": k.sent_wire + k.received_wire, "kv_wire_scale": st.cfg.kv_wire_scale,
+            "kv_transfers_out": k.transfers_out, "kv_transfers_in": k.transfers_in,
+            "kv_blocks_expired": k.expired_blocks, "kv_retained_tokens": st.kv.retained_tokens,
+            "faults": st.faults.as_dict(),
+        })
+
+
+def build_app(st: SimState) -> web.Application:
+    """The aiohttp application over ``st``."""
+    h = Handlers(st)
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+
+    async def tag(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers["x-instance"] = st.cfg.instance
+
+    app.on_response_prepare.append(tag)
+    app.add_routes([
+        web.post("/v1/completions", h.completions),
+        web.post("/v1/chat/completions", h.chat),
+        web.get("/v1/models", h.models),
+        web.get("/health", h.health),
+        web.get("/metrics", h.metrics),
+        web.get("/admin/expert_load", h.expert_load),
+        web.get("/admin/expert_map", h.get_expert_map),
+        web.post("/admin/expert_map", h.post_expert_map),
+        web.get("/admin/faults", h.faults),
+        web.post("/admin/faults", h.faults),
+        web.get("/admin/stats", h.stats),
+    ])
+    return app
+
+
+class SimHandle:
+    """A running simulator: ``url``, ``port``, ``kv_port``, ``engine_id``; ``await stop()``."""
+
+    def __init__(self, st: SimState, runner: web.AppRunner, kv_server: asyncio.AbstractServer, port: int) -> None:
+        self.state, self._runner, self._kv_server = st, runner, kv_server
+        self.port, self.kv_port = port, st.kv_port
+        self.config = st.cfg
+        self.engine_id = st.kv.engine_id
+        self.url = f"http://{st.cfg.host}:{port}"
+        self._stopped = False
+
+    async def stop(self) -> None:
+        """Stop serving and the engine (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self.state.engine.stop()
+        self._kv_server.close()
+        await self._runner.cleanup()
+
+    async def wait_stopped(self) -> None:
+        """Wait until an exit fault (in-process mode) asks to stop, then stop."""
+        await self.state.stop_requested.wait()
+        await self.stop()
+
+
+async def start_simulator(config: SimConfig) -> SimHandle:
+    """Start a simulator on the running loop. Raises ValueError for an invalid shape or expert map."""
+    cfg = config.resolved()
+    shape = cfg.model_shape()
+    emap = load_expert_map_file(cfg.expert_map, cfg) if cfg.expert_map else None
+    loop = asyncio.get_running_loop()
+    faults = Faults(cfg.seed)
+    kv = KVStore(
+        engine_id=f"{cfg.instance}-{secrets.token_hex(4)}", bytes_per_token=shape.kv_bytes_per_token(with_mtp=cfg.mtp),
+        block_size=cfg.block_size, timeout_s=cfg.kv_timeout_s, link_bytes_per_s=float(cfg.link_gbps or 400) * 1e9 / 8,
+        speedup=cfg.speedup, wire_scale=cfg.kv_wire_scale,
+    )
+    holder: dict[str, Engine] = {}
+
+    def gauges() -> dict[str, float]:
+        e = holder["engine"]
+        return {"vllm:num_requests_running": e.num_running, "vllm:num_requests_waiting": len(e.waiting),
+                "vllm:kv_cache_usage_perc": e.kv_usage, "ascend_sim:balancedness": e.recent_balancedness(),
+                "ascend_sim:speedup": cfg.speedup,
+                "ascend_sim:mean_step_modelled_seconds": e.modelled_time / max(e.busy_steps, 1),
+                "kv_bytes_moved": kv.stats.sent_modelled + kv.stats.received_modelled,
+                "kv_wire_bytes": kv.stats.sent_wire + kv.stats.received_wire}
+
+    metrics = SimMetrics(cfg.model, cfg.instance, gauges)
+    engine = Engine(cfg, faults, metrics, emap, retained_tokens=lambda: kv.retained_tokens)
+    holder["engine"] = engine
+    st = SimState(cfg, engine, kv, faults, metrics, ready_at=loop.time() + cfg.startup_delay)
+    kv_server = await asyncio.start_server(kv.handle, cfg.host, cfg.kv_port)
+    st.kv_port = kv_server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+    runner = web.AppRunner(build_app(st), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=2048)
+    await site.start()
+    port = runner.addresses[0][1]
+    engine.start()
+    log.info("sim %s (%s, %s, %d NPUs DP%d TP%d EP%d, speedup %g) on http://%s:%d, KV %s:%d, engine %s",
+             cfg.instance, cfg.role, cfg.hardware, cfg.npus, cfg.dp, cfg.tp, cfg.ep, cfg.speedup, cfg.host, port,
+             cfg.kv_host, st.kv_port, kv.engine_id)
+    return SimHandle(st, runner, kv_server, port)
+
+
+def run_simulator(config: SimConfig) -> None:
+    """Run a simulator in a new event loop until SIGINT/SIGTERM (or an exit fault)."""
+
+    async def main() -> None:
+        handle = await start_simulator(config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, handle.state.stop_requested.set)
+        print(f"sim {handle.config.instance} ready on {handle.url} kv_port={handle.kv_port} "
+              f"engine_id={handle.engine_id} speedup={handle.config.speedup}", flush=True)
+        await handle.wait_stopped()
+
+    asyncio.run(main())

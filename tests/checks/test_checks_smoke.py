@@ -1,0 +1,116 @@
+"""The smoke check against a fake PD proxy: passes, and fails naming the item."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from ascend_runtime.checks.smoke import CheckItem, Instance, run_smoke
+from ascend_runtime.cli import main
+
+REQUEST_ITEMS = 4
+
+
+async def test_smoke_passes_against_a_pd_proxy(fake) -> None:
+    report = await run_smoke(fake.url, timeout_s=5)
+    assert report.passed, [i.line() for i in report.failures]
+    names = [i.name for i in report.items]
+    assert names[:2] == ["proxy GET /health", "proxy GET /v1/models"]
+    assert sum("via proxy" in n for n in names) == REQUEST_ITEMS
+    assert any("(stream)" in n and "chat" in n for n in names)
+    assert all("prefill=prefill-0 decode=decode-0" in i.detail for i in report.items[2:])
+
+
+async def test_missing_pd_headers_fail_every_request_item(fake) -> None:
+    fake.b.pd_headers = False
+    report = await run_smoke(fake.url, timeout_s=5)
+    assert not report.passed
+    failed = report.failures
+    assert len(failed) == REQUEST_ITEMS
+    assert all("missing PD header x-prefill-instance" in i.detail for i in failed)
+    assert (await run_smoke(fake.url, timeout_s=5, require_pd=False)).passed
+
+
+async def test_health_503_fails_naming_the_item(fake) -> None:
+    fake.b.health_status = 503
+    report = await run_smoke(fake.url, timeout_s=5)
+    assert [i.name for i in report.failures] == ["proxy GET /health"]
+    assert "HTTP 503" in report.failures[0].detail
+
+
+async def test_stream_error_event_fails_the_stream_items(fake) -> None:
+    fake.b.error_after = 1
+    report = await run_smoke(fake.url, timeout_s=5)
+    assert {i.name.split(" POST")[0] for i in report.failures} == {"completion (stream) via proxy", "chat (stream) via proxy"}
+    assert all("error event" in i.detail for i in report.failures)
+
+
+async def test_instances_are_checked_and_a_dead_one_is_named(fake, unused_tcp_port) -> None:
+    dead = f"http://127.0.0.1:{unused_tcp_port}"
+    insts = [Instance("prefill-0", fake.url, "prefill"), Instance("decode-0", dead, "decode")]
+    report = await run_smoke(fake.url, insts, timeout_s=5)
+    failed = [i.name for i in report.failures]
+    assert failed == ["instance decode-0 (decode) GET /health", "instance decode-0 (decode) GET /v1/models"]
+    assert "unreachable" in report.failures[0].detail
+
+
+async def test_pd_header_must_name_an_instance_of_the_right_role(fake) -> None:
+    insts = [Instance("decode-0", fake.url, "prefill"), Instance("prefill-0", fake.url, "decode")]
+    report = await run_smoke(fake.url, insts, timeout_s=5)
+    assert len(report.failures) == REQUEST_ITEMS
+    assert "x-prefill-instance: prefill-0 is not a prefill instance" in report.failures[0].detail
+
+
+async def test_extra_items_plug_in_and_exceptions_become_failures(fake) -> None:
+    async def boom(ctx):
+        raise RuntimeError("rank table mismatch")
+
+    report = await run_smoke(fake.url, timeout_s=5, extra_items=[CheckItem("rank tables", boom)])
+    assert [(i.name, i.detail) for i in report.failures] == [("rank tables", "RuntimeError: rank table mismatch")]
+
+
+async def test_stack_uses_the_plan_and_an_unloadable_plan_fails(fake, monkeypatch) -> None:
+    import ascend_runtime.planner as planner
+
+    plan = types.SimpleNamespace(instances=[
+        types.SimpleNamespace(name="prefill-0", role="prefill", api_url=fake.url),
+        types.SimpleNamespace(name="decode-0", role="decode", api_url=fake.url),
+    ])
+    monkeypatch.setattr(planner, "load_plan", lambda name: plan)
+    report = await run_smoke(fake.url, stack="local", timeout_s=5)
+    assert report.passed, [i.line() for i in report.failures]
+    assert "instance decode-0 (decode) GET /health" in [i.name for i in report.items]
+
+    def broken(name):
+        raise FileNotFoundError(f"no stack {name}")
+
+    monkeypatch.setattr(planner, "load_plan", broken)
+    report = await run_smoke(fake.url, stack="nope", timeout_s=5)
+    assert [i.name for i in report.failures] == ["plan nope"]
+    assert "FileNotFoundError: no stack nope" in report.failures[0].detail
+
+    monkeypatch.delattr(planner, "load_plan")
+    report = await run_smoke(fake.url, stack="local", timeout_s=5)
+    assert [i.name for i in report.failures] == ["plan local"]
+    assert "not importable" in report.failures[0].detail
+
+
+def test_cli_smoke_exit_codes_and_lines(threaded_fake, capsys, tmp_path) -> None:
+    out = tmp_path / "smoke.json"
+    assert main(["check", "smoke", "--endpoint", threaded_fake.url, "--timeout-s", "5", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("PASS  ") == 6 and "smoke PASSED" in text
+    assert json.loads(out.read_text())["passed"] is True
+
+    threaded_fake.b.health_status = 503
+    assert main(["check", "smoke", "--endpoint", threaded_fake.url, "--timeout-s", "5"]) == 1
+    text = capsys.readouterr().out
+    assert "FAIL  proxy GET /health" in text and "1 of 6 items failed: proxy GET /health" in text
+
+
+@pytest.mark.parametrize("argv", [["--endpoint", "ftp://x"], ["--endpoint", "http://127.0.0.1:1", "--timeout-s", "0"]])
+def test_cli_smoke_bad_input_is_exit_2_naming_the_option(argv, capsys) -> None:
+    assert main(["check", "smoke", *argv]) == 2
+    assert "--" in capsys.readouterr().err

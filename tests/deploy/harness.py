@@ -1,0 +1,93 @@
+"""Run the project's ``__main__.py`` under Pulumi's mock runtime and record registrations."""
+
+from __future__ import annotations
+
+import runpy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi.runtime.config as pulumi_config
+
+ROOT = Path(__file__).resolve().parents[2]
+MAIN = ROOT / "__main__.py"
+PROJECT = "ascend-deepseek"
+
+
+@dataclass
+class Registered:
+    """One resource the program registered: Pulumi type token, logical name, inputs."""
+
+    typ: str
+    name: str
+    inputs: dict[str, Any]
+
+    @property
+    def is_k8s(self) -> bool:
+        return self.typ.startswith("kubernetes:")
+
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    """Mocks that record every resource and echo its inputs as its state."""
+
+    def __init__(self) -> None:
+        self.resources: list[Registered] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        self.resources.append(Registered(args.typ, args.name, dict(args.inputs)))
+        return args.name + "_id", args.inputs
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+        return {}, None
+
+
+def normalize(value: Any) -> Any:
+    """Integral floats back to ints (the Pulumi wire format has only doubles)."""
+    if isinstance(value, dict):
+        return {k: normalize(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [normalize(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+@dataclass
+class Run:
+    """The outcome of one program run."""
+
+    stack: str
+    resources: list[Registered]
+    error: BaseException | None = None
+    exports: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def k8s_objects(self) -> list[dict[str, Any]]:
+        """Registered Kubernetes objects as plain data."""
+        return [normalize(r.inputs) for r in self.resources if r.is_k8s]
+
+
+def run_stack(stack: str, config: dict[str, str] | None = None, secret_keys: list[str] | None = None) -> Run:
+    """Run __main__.py for ``stack`` under mocks; returns what it registered (and any error)."""
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
+    pulumi_config.set_all_config(dict(config or {}), list(secret_keys or []))
+    exports: dict[str, Any] = {}
+    original_export = pulumi.export
+    result = Run(stack, mocks.resources, exports=exports)
+
+    @pulumi.runtime.test
+    def program() -> None:
+        try:
+            runpy.run_path(str(MAIN), run_name="__main__")
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            result.error = exc
+
+    pulumi.export = lambda name, value: exports.__setitem__(name, value)  # type: ignore[assignment]
+    try:
+        program()
+    finally:
+        pulumi.export = original_export  # type: ignore[assignment]
+        pulumi_config.set_all_config({}, [])
+    return result

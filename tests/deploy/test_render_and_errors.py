@@ -1,0 +1,137 @@
+"""render's manifests equal the registered objects; invalid stacks register nothing; secrets; ordering."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pytest
+import yaml
+
+from ascend_runtime.deploy.components import ServingSystem, ServingSystemArgs
+from ascend_runtime.deploy.manifests import manifest_files
+from ascend_runtime.deploy.objects import build_system
+from ascend_runtime.deploy.objects.common import secret_placeholder
+from ascend_runtime.planner import load_plan
+
+from .conftest import STACKS, stack_run
+from .harness import ROOT, PROJECT, RecordingMocks, run_stack
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str, str, str]:
+    meta = obj["metadata"]
+    return obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"]
+
+
+def _parse(files: dict[str, str]) -> list[dict[str, Any]]:
+    return [doc for text in files.values() for doc in yaml.safe_load_all(text) if doc]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_render_manifests_equal_registered_objects(stack: str) -> None:
+    registered = {_key(o): o for o in stack_run(stack).k8s_objects}
+    rendered = {_key(o): o for o in _parse(manifest_files(load_plan(stack)))}
+    assert rendered.keys() == registered.keys()
+    for key, obj in rendered.items():
+        assert obj == registered[key], key
+
+
+def test_render_cli_hook_writes_manifests(tmp_path: Path) -> None:
+    """The render package's hook picks manifest_files up under manifests/."""
+    from ascend_runtime.render.artifacts import extra_files
+
+    files = extra_files(load_plan("kind"))
+    assert files and all(p.startswith("manifests/") for p in files)
+    assert len(_parse(files)) == len(stack_run("kind").k8s_objects)
+
+
+def _broken_stacks(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "stacks", tmp_path / "stacks")
+    path = tmp_path / "stacks" / "Pulumi.kind.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["config"]["ascend-deepseek:decode"]["tp"] = 3  # dp x tp no longer fits the nodes
+    path.write_text(yaml.safe_dump(doc))
+    return tmp_path / "stacks"
+
+
+def test_invalid_stack_registers_zero_resources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASCEND_DEPLOY_STACKS", str(_broken_stacks(tmp_path)))
+    run = run_stack("kind")
+    assert run.error is not None and type(run.error).__name__ == "ConfigError"
+    assert len(run.resources) == 0
+    assert run.exports == {}
+    monkeypatch.delenv("ASCEND_DEPLOY_STACKS")
+    assert len(run_stack("kind").resources) > 0  # the same harness does count resources
+
+
+def test_local_stack_registers_no_kubernetes_objects() -> None:
+    run = stack_run("local")
+    assert run.k8s_objects == [] and run.exports["proxy_endpoint"].startswith("http://127.0.0.1")
+    assert manifest_files(load_plan("local")) == {}
+
+
+def test_secrets_only_through_pulumi_config() -> None:
+    secret = "docker-config-that-must-not-leak"
+    config = {f"{PROJECT}:image_pull_credentials": secret, f"{PROJECT}:model_source_credentials": "token-xyz"}
+    run = run_stack("a2-staging", config, secret_keys=list(config))
+    assert run.error is None
+    objs = run.k8s_objects
+    pull = next(o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"] == "image-pull-credentials")
+    assert pull["stringData"][".dockerconfigjson"] == secret
+    pods = [o["spec"]["template"]["spec"] for o in objs if o["kind"] in ("Deployment", "Job", "DaemonSet")]
+    assert pods and all(p.get("imagePullSecrets") == [{"name": "image-pull-credentials"}] for p in pods)
+    files = manifest_files(load_plan("a2-staging"), secrets=["image_pull_credentials", "model_source_credentials"])
+    text = "".join(files.values())
+    assert secret not in text and "token-xyz" not in text
+    assert secret_placeholder("image_pull_credentials") in text
+    # the same objects apart from the secret values
+    rendered = {_key(o): o for o in _parse(files)}
+    registered = {_key(o): o for o in objs}
+    assert rendered.keys() == registered.keys()
+    for key in rendered:
+        if key[1] != "Secret":
+            assert rendered[key] == registered[key], key
+
+
+def test_checks_job_depends_on_every_workload() -> None:
+    plan = load_plan("a2-staging")
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack="a2-staging", preview=False)
+    captured: dict[str, ServingSystem] = {}
+
+    @pulumi.runtime.test
+    def program() -> None:
+        captured["system"] = ServingSystem("a2-staging", ServingSystemArgs(plan, build_system(plan)))
+
+    program()
+    system = captured["system"]
+    assert system.checks is not None and system.balancer is not None
+    deps = system.checks.depends_on
+    for component in [*system.engines.values(), system.proxy, system.balancer]:
+        assert component in deps
+        assert component.workloads
+    assert len(system.engines) == len(plan.instances)
+    assert sum(len(e.workloads) for e in system.engines.values()) == len(plan.ranks)
+
+
+def test_kind_cluster_template_matches_inventory() -> None:
+    doc = yaml.safe_load((ROOT / "templates" / "kind-cluster.yaml").read_text())
+    assert doc["kind"] == "Cluster" and doc["name"] == "ascend"
+    workers = [n for n in doc["nodes"] if n["role"] == "worker"]
+    assert len(workers) == 4
+    inventory = yaml.safe_load((ROOT / "stacks" / "inventories" / "kind.yaml").read_text())
+    names = [n["name"] for n in inventory["nodes"]]
+    assert names == ["ascend-worker", "ascend-worker2", "ascend-worker3", "ascend-worker4"]
+    for worker in workers:
+        assert worker["labels"]["accelerator"] == "huawei-Ascend910"
+        assert worker["labels"]["accelerator-type"] == "module-910b-8"
+
+
+def test_dockerfile_provides_the_runtime_commands() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert 'ENTRYPOINT' not in text or 'ascend-deploy' in text
+    assert "pip install" in text and "USER 10001" in text
+    assert json.dumps("ascend-deploy") in text or "ascend-deploy" in text

@@ -1,0 +1,220 @@
+"""A small, protocol-faithful stand-in for a vLLM-Ascend prefill or decode instance.
+
+Follows the simulator contract: OpenAI completions/chat (SSE or JSON), PD
+kv_transfer_params handshake, /health (503 until ready), /metrics with vLLM
+names, POST /admin/faults, ``x-instance`` header, one token per word. For
+tests it also records every request it got (``stub.requests``) and the exact
+bytes of each answer (``stub.sent``), and can answer ``stop_reason:
+"recomputed"`` after ``recompute_after`` tokens (once).
+
+Run standalone: ``python -m tests.proxy.stub_engine --role decode --name d0 --port 8200``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class Faults:
+    error_rate: float = 0.0
+    added_latency_ms: float = 0.0
+    hang: bool = False
+
+
+@dataclass
+class StubEngine:
+    role: str
+    name: str
+    kv_port: int = 30000
+    token_interval_s: float = 0.0
+    ready_after_s: float = 0.0
+    recompute_after: int | None = None
+    kv_usage: float = 0.0
+    faults: Faults = field(default_factory=Faults)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    sent: list[bytes] = field(default_factory=list)
+    cancelled: int = 0
+    running: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.add_routes([
+            web.post("/v1/completions", self.completion),
+            web.post("/v1/chat/completions", self.completion),
+            web.get("/v1/models", self.models),
+            web.get("/health", self.health),
+            web.get("/metrics", self.metrics),
+            web.post("/admin/faults", self.set_faults),
+        ])
+        return app
+
+    def _hdr(self) -> dict[str, str]:
+        return {"x-instance": self.name}
+
+    async def health(self, request: web.Request) -> web.Response:
+        ready = time.monotonic() - self.started >= self.ready_after_s
+        return web.Response(status=200 if ready else 503, headers=self._hdr())
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "deepseek-r1", "object": "model"}]},
+                                 headers=self._hdr())
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        text = (f'vllm:num_requests_running{{engine="0",model_name="deepseek-r1"}} {self.running}\n'
+                f'vllm:num_requests_waiting{{engine="0",model_name="deepseek-r1"}} 0\n'
+                f'vllm:kv_cache_usage_perc{{engine="0",model_name="deepseek-r1"}} {self.kv_usage}\n')
+        return web.Response(text=text, headers=self._hdr())
+
+    async def set_faults(self, request: web.Request) -> web.Response:
+        data = await request.json()
+        if data.get("exit"):
+            os._exit(1)
+        for key in ("error_rate", "added_latency_ms", "hang"):
+            if key in data:
+                setattr(self.faults, key, data[key])
+        return web.json_response({"ok": True})
+
+    async def completion(self, request: web.Request) -> web.StreamResponse:
+        req = await request.json()
+        self.requests.append(req)
+        self.running += 1
+        try:
+            if self.faults.hang:
+                await asyncio.sleep(3600)
+            if self.faults.added_latency_ms:
+                await asyncio.sleep(self.faults.added_latency_ms / 1000)
+            if self.faults.error_rate and random.random() < self.faults.error_rate:
+                return web.json_response({"error": {"message": "injected fault"}}, status=500, headers=self._hdr())
+            chat = request.path.endswith("/chat/completions")
+            if self.role == "prefill":
+                return self._prefill_answer(req, chat)
+            return await self._decode_answer(request, req, chat)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.running -= 1
+
+    def _prefill_answer(self, req: dict[str, Any], chat: bool) -> web.Response:
+        kv = req.get("kv_transfer_params") or {}
+        if not kv.get("do_remote_decode") or req.get("max_tokens") != 1 or req.get("stream"):
+            return web.json_response({"error": {"message": "not a PD prefill request"}}, status=400)
+        n = len(self.requests)
+        body = {
+            "id": f"cmpl-{self.name}-{n}", "object": "chat.completion" if chat else "text_completion",
+            "model": req.get("model", "deepseek-r1"),
+            "choices": [{"index": 0, "finish_reason": "length",
+                         **({"message": {"role": "assistant", "content": "x"}} if chat else {"text": "x"})}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            "kv_transfer_params": {
+                "do_remote_prefill": True, "do_remote_decode": False,
+                "remote_engine_id": f"engine-{self.name}", "remote_block_ids": [n, n + 1, n + 2],
+                "remote_host": "127.0.0.1", "remote_port": self.kv_port, "tp_size": 1,
+            },
+        }
+        raw = json.dumps(body).encode()
+        self.sent.append(raw)
+        return web.Response(body=raw, content_type="application/json", headers=self._hdr())
+
+    def _chunk(self, chat: bool, text: str, finish: str | None, stop: str | None) -> bytes:
+        if chat:
+            choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish, "stop_reason": stop}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": finish, "stop_reason": stop}
+        obj = {"id": "cmpl-stub", "object": "chat.completion.chunk" if chat else "text_completion",
+               "model": "deepseek-r1", "choices": [choice]}
+        return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+    async def _decode_answer(self, request: web.Request, req: dict[str, Any], chat: bool) -> web.StreamResponse:
+        kv = req.get("kv_transfer_params") or {}
+        if not kv.get("do_remote_prefill"):
+            return web.json_response({"error": {"message": "decode needs kv_transfer_params"}}, status=400)
+        max_tokens = int(req.get("max_tokens", 16))
+        recompute_at = self.recompute_after
+        if recompute_at is not None:
+            self.recompute_after = None  # recompute only once
+        words = [f"w{i}" for i in range(max_tokens)]
+        if not req.get("stream"):
+            if recompute_at is not None:
+                words = words[:recompute_at]
+            text = " " + " ".join(words)
+            stop = "recomputed" if recompute_at is not None else None
+            choice = ({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+            body = {"id": "cmpl-stub", "object": "chat.completion" if chat else "text_completion",
+                    "choices": [{"index": 0, **choice, "finish_reason": "stop" if stop else "length",
+                                 "stop_reason": stop}],
+                    "usage": {"completion_tokens": len(words)}}
+            raw = json.dumps(body).encode()
+            self.sent.append(raw)
+            return web.Response(body=raw, content_type="application/json", headers=self._hdr())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8", **self._hdr()})
+        await resp.prepare(request)
+        sent = bytearray()
+        for i, w in enumerate(words):
+            if self.token_interval_s:
+                await asyncio.sleep(self.token_interval_s)
+            if recompute_at is not None and i == recompute_at:
+                data = self._chunk(chat, " " + w, "stop", "recomputed")
+                sent += data
+                await resp.write(data)
+                break
+            last = i == len(words) - 1
+            data = self._chunk(chat, " " + w, "length" if last else None, None)
+            sent += data
+            await resp.write(data)
+        sent += b"data: [DONE]\n\n"
+        await resp.write(b"data: [DONE]\n\n")
+        self.sent.append(bytes(sent))
+        await resp.write_eof()
+        return resp
+
+
+@dataclass
+class StubHandle:
+    engine: StubEngine
+    runner: web.AppRunner
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_stub(role: str, name: str, port: int = 0, **kwargs: Any) -> StubHandle:
+    """Start a stub engine in this event loop on 127.0.0.1 (port 0 = free port)."""
+    engine = StubEngine(role=role, name=name, **kwargs)
+    runner = web.AppRunner(engine.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    return StubHandle(engine, runner, site._server.sockets[0].getsockname()[1])  # noqa: SLF001
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--role", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--token-interval-s", type=float, default=0.0)
+    args = ap.parse_args()
+    engine = StubEngine(role=args.role, name=args.name, token_interval_s=args.token_interval_s)
+    web.run_app(engine.app(), host="127.0.0.1", port=args.port, print=None, access_log=None,
+                handler_cancellation=True)
+
+
+if __name__ == "__main__":
+    main()

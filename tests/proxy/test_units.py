@@ -1,0 +1,146 @@
+"""Pure parts: instance parsing, routing scores, ejection, PD request building, metric parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from ascend_runtime.proxy.config import RoutingWeights
+from ascend_runtime.proxy.health import parse_vllm_load
+from ascend_runtime.proxy.instances import (
+    InstanceSpec,
+    InstanceSpecError,
+    parse_cli_instance,
+    specs_from_data,
+)
+from ascend_runtime.proxy.pd import RecomputeTracker, build_prefill_request, estimate_prompt_tokens, sse_events
+from ascend_runtime.proxy.pool import InstancePool, NoInstanceError
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_instance_parsing():
+    s = parse_cli_instance("prefill", "10.0.0.1:8000/v1/,name=p0,weight=2")
+    assert (s.name, s.role, s.url, s.weight) == ("p0", "prefill", "http://10.0.0.1:8000", 2.0)
+    assert parse_cli_instance("decode", "http://h:9").name == "decode-h:9"
+    with pytest.raises(InstanceSpecError):
+        parse_cli_instance("decode", "http://h:9,colour=red")
+    with pytest.raises(InstanceSpecError):
+        specs_from_data([{"name": "a", "role": "decode", "url": "h:1"}, {"name": "a", "role": "prefill", "url": "h:2"}])
+    with pytest.raises(InstanceSpecError):
+        specs_from_data([{"role": "middle", "url": "h:1"}])
+
+
+def _pool(*specs: InstanceSpec, **kw) -> InstancePool:
+    pool = InstancePool(clock=kw.pop("clock", Clock()), **kw)
+    for s in specs:
+        pool.add(s)
+    return pool
+
+
+def test_prefill_least_outstanding_tokens_and_kv_refinement():
+    pool = _pool(InstanceSpec("a", "prefill", "http://a:1"), InstanceSpec("b", "prefill", "http://b:1"))
+    a, b = pool.get("a"), pool.get("b")
+    pool.begin(a, 1000)
+    assert pool.pick("prefill").name == "b"
+    pool.begin(b, 500)
+    assert pool.pick("prefill").name == "b"
+    b.kv_usage = 0.5  # 0.5 * 4096 = 2048 token-equivalents
+    assert pool.pick("prefill").name == "a"
+    pool.end(a, 1000)
+    assert a.outstanding_prompt_tokens == 0 and a.inflight == 0
+
+
+def test_decode_least_active_sequences_with_weights():
+    pool = _pool(InstanceSpec("a", "decode", "http://a:1"), InstanceSpec("b", "decode", "http://b:1", weight=4),
+                 weights=RoutingWeights(decode_kv_weight=0))
+    a, b = pool.get("a"), pool.get("b")
+    for _ in range(3):
+        pool.begin(b)
+    pool.begin(a)
+    assert pool.pick("decode").name == "b"  # 3/4 < 1/1
+    picks = {pool.pick("decode", exclude={"b"}).name for _ in range(3)}
+    assert picks == {"a"}
+
+
+def test_ties_rotate():
+    pool = _pool(InstanceSpec("a", "decode", "http://a:1"), InstanceSpec("b", "decode", "http://b:1"))
+    assert {pool.pick("decode").name for _ in range(4)} == {"a", "b"}
+
+
+def test_ejection_after_failures_and_readmission():
+    clock = Clock()
+    events = []
+    pool = _pool(InstanceSpec("a", "decode", "http://a:1"), clock=clock, eject_after=2, eject_duration_s=5,
+                 on_event=lambda k, s, r: events.append((k, s.name)))
+    a = pool.get("a")
+    pool.record_failure(a, "timeout")
+    assert a.routable(clock())
+    pool.record_failure(a, "timeout")
+    assert not a.routable(clock())
+    with pytest.raises(NoInstanceError, match="ejected"):
+        pool.pick("decode")
+    clock.t += 5.1
+    assert pool.pick("decode") is a
+    pool.record_failure(a, "timeout")  # one more failure right after re-admission ejects again
+    assert not a.routable(clock())
+    clock.t += 6
+    pool.record_success(a)
+    pool.record_failure(a, "timeout")
+    assert a.routable(clock())
+    pool.record_failure(a, "refused", hard=True)
+    clock.t += 6
+    assert not a.routable(clock())  # unreachable: waits for a passing health check
+    pool.record_health(a, True)
+    assert a.routable(clock())
+    assert ("eject", "a") in events and ("readmit", "a") in events
+
+
+def test_remove_waits_for_inflight_and_sync():
+    pool = _pool(InstanceSpec("a", "decode", "http://a:1"), InstanceSpec("b", "decode", "http://b:1"))
+    a = pool.get("a")
+    pool.begin(a)
+    added, removed = pool.sync("static", [InstanceSpec("b", "decode", "http://b:2")])
+    assert removed == ["a"] and pool.get("a") is a and not a.routable(0)
+    assert pool.get("b").spec.url == "http://b:2"
+    pool.end(a)
+    assert pool.get("a") is None
+
+
+def test_prefill_request_shape():
+    req = {"prompt": "x", "max_tokens": 9, "stream": True, "stream_options": {"include_usage": True},
+           "max_completion_tokens": 9}
+    out = build_prefill_request(req)
+    assert out["max_tokens"] == out["min_tokens"] == out["max_completion_tokens"] == 1
+    assert out["stream"] is False and "stream_options" not in out
+    assert out["kv_transfer_params"]["do_remote_decode"] is True
+    assert req["max_tokens"] == 9 and "kv_transfer_params" not in req  # original untouched
+
+
+def test_prompt_token_estimate():
+    assert estimate_prompt_tokens({"prompt": "a b  c"}) == 3
+    assert estimate_prompt_tokens({"prompt": [1, 2, 3, 4]}) == 4
+    assert estimate_prompt_tokens({"messages": [{"role": "user", "content": "a b"},
+                                                {"role": "user", "content": [{"type": "text", "text": "c"}]}]}) == 3
+
+
+def test_recompute_tracker_chat():
+    t = RecomputeTracker.for_request({"messages": [{"role": "user", "content": "Q"}], "max_tokens": 10})
+    assert not t.add_choice({"delta": {"content": " a"}}, None)
+    assert t.add_choice({"delta": {"content": " b"}, "stop_reason": "recomputed"}, None)
+    nxt = t.continue_request()
+    assert nxt["messages"][0]["content"] == "Q a b" and nxt["max_tokens"] == 10 - 2 + 1
+    assert t.original["messages"][0]["content"] == "Q"
+
+
+def test_parse_vllm_load_and_sse_events():
+    text = ("# HELP x\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.25\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.75\n"
+            "vllm:num_requests_waiting{engine=\"0\"} 3\nvllm:num_requests_waiting{engine=\"1\"} 2\n")
+    assert parse_vllm_load(text) == (0.5, 5.0)
+    assert parse_vllm_load("") == (None, None)
+    assert sse_events(b'data: {"a": 1}\n\ndata: [DONE]\n\n: comment\n\n') == [{"a": 1}]

@@ -1,0 +1,44 @@
+"""Fixtures: committed stacks' Plans, and edited copies of a stack in a temp stacks dir."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ascend_runtime.planner import Plan, load_plan
+
+STACKS = Path(__file__).resolve().parents[2] / "stacks"
+NS = "ascend-deepseek:"
+
+
+@pytest.fixture(scope="session")
+def plans() -> dict[str, Plan]:
+    """Plans of the committed stacks by name."""
+    return {name: load_plan(name) for name in ("a2-staging", "cm384-prod", "kind", "local")}
+
+
+@pytest.fixture
+def edited_plan(tmp_path: Path) -> Callable[..., Plan]:
+    """``edited_plan(stack, edit)``: the Plan of a copy of ``stack`` whose config dict ``edit`` changed.
+
+    ``edit`` receives the config with the namespace stripped (``cfg["engine"]["dynamic_eplb"] = True``).
+    """
+
+    def make(name: str, edit: Callable[[dict[str, Any]], None]) -> Plan:
+        target = tmp_path / "stacks"
+        shutil.copytree(STACKS, target, dirs_exist_ok=True)
+        stack_file = target / f"Pulumi.{name}.yaml"
+        doc = yaml.safe_load(stack_file.read_text())
+        cfg = {k[len(NS) :]: v for k, v in doc["config"].items() if k.startswith(NS)}
+        edit(cfg)
+        others = {k: v for k, v in doc["config"].items() if not k.startswith(NS)}
+        doc["config"] = {**others, **{NS + k: v for k, v in cfg.items()}}
+        stack_file.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return load_plan(name, target)
+
+    return make

@@ -1,0 +1,145 @@
+"""Engine launch lines against the published recipes (facts file, section 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ascend_runtime.config.errors import ConfigError
+from ascend_runtime.planner import Plan
+from ascend_runtime.planner.versions import llmdd_rpc_port_env
+from ascend_runtime.render.engine_args import VERSION_TABLE, engine_command, engine_release
+
+
+def flags(argv: list[str]) -> dict[str, str | bool]:
+    """``--flag value`` / ``--switch`` pairs of an argv after ``vllm serve MODEL``."""
+    out: dict[str, str | bool] = {}
+    rest = argv[3:]
+    i = 0
+    while i < len(rest):
+        key = rest[i]
+        assert key.startswith("--"), key
+        if i + 1 < len(rest) and not rest[i + 1].startswith("--"):
+            out[key] = rest[i + 1]
+            i += 2
+        else:
+            out[key] = True
+            i += 1
+    return out
+
+
+def test_recipe_a2_4_nodes_llmdatadist(plans: dict[str, Plan]) -> None:
+    """Recipe followed: "Published recipe, DeepSeek-R1 W8A8 on 4 A2 nodes: prefill DP2-TP8-EP16,
+    decode DP4-TP4-EP16; decode --max-num-batched-tokens equal to --max-num-seqs"
+    (vllm-ascend examples/disaggregated_prefill_v1/README.md). The kind stack has that shape."""
+    plan = plans["kind"]
+    p0, p1 = plan.by_role("prefill")[0].ranks
+    d0, d1 = plan.by_role("decode")[0].ranks
+    fp0, fp1, fd0, fd1 = (flags(engine_command(plan, r)) for r in (p0, p1, d0, d1))
+    # P1 / P2
+    assert engine_command(plan, p0)[:2] == ["vllm", "serve"]
+    for f in (fp0, fp1):
+        assert (f["--data-parallel-size"], f["--data-parallel-size-local"], f["--tensor-parallel-size"]) == ("2", "1", "8")
+        assert f["--enable-expert-parallel"] is True and f["--enforce-eager"] is True
+        assert f["--data-parallel-address"] == p0.host_ip and f["--trust-remote-code"] is True
+        kv = json.loads(str(f["--kv-transfer-config"]))
+        assert kv["kv_connector"] == "LLMDataDistCMgrConnector" and kv["kv_role"] == "kv_producer"
+        assert kv["kv_connector_module_path"] == "vllm_ascend.distributed.llmdatadist_c_mgr_connector"
+        assert kv["kv_buffer_device"] == "npu" and kv["kv_parallel_size"] == 1
+        assert "kv_connector_extra_config" not in kv
+    assert "--headless" not in fp0 and "--data-parallel-start-rank" not in fp0
+    assert fp1["--headless"] is True and fp1["--data-parallel-start-rank"] == "1"
+    assert fp0["--data-parallel-rpc-port"] == fp1["--data-parallel-rpc-port"]
+    # D1 / D2
+    for f in (fd0, fd1):
+        assert (f["--data-parallel-size"], f["--data-parallel-size-local"], f["--tensor-parallel-size"]) == ("4", "2", "4")
+        assert f["--max-num-batched-tokens"] == f["--max-num-seqs"]
+        assert "--enforce-eager" not in f
+        assert json.loads(str(f["--additional-config"])) == {"torchair_graph_config": {"enabled": True}}
+        assert json.loads(str(f["--kv-transfer-config"]))["kv_role"] == "kv_consumer"
+        assert f["--data-parallel-address"] == d0.host_ip
+    assert fd1["--headless"] is True and fd1["--data-parallel-start-rank"] == "2"
+
+
+def test_recipe_large_ep_a3_mooncake(plans: dict[str, Plan]) -> None:
+    """Recipe followed: "Large-EP recipe on A3: prefill DP2/TP8/EP16, decode DP64/TP1/EP64,
+    HCCL_BUFFSIZE=1024 decode, 256 prefill" (facts file section 2), with the Mooncake
+    kv-transfer-config of the vllm-ascend multi-node PD guide. cm384-prod has that shape."""
+    plan = plans["cm384-prod"]
+    prefill = plan.by_role("prefill")[0]
+    decode = plan.by_role("decode")[0]
+    fp = flags(engine_command(plan, prefill.ranks[0]))
+    assert (fp["--data-parallel-size"], fp["--data-parallel-size-local"], fp["--tensor-parallel-size"]) == ("2", "2", "8")
+    assert fp["--quantization"] == "ascend" and fp["--enforce-eager"] is True
+    assert json.loads(str(fp["--speculative-config"])) == {"num_speculative_tokens": 1, "method": "deepseek_mtp"}
+    engine_ids = set()
+    for k, rank in enumerate(decode.ranks):
+        f = flags(engine_command(plan, rank))
+        assert (f["--data-parallel-size"], f["--data-parallel-size-local"], f["--tensor-parallel-size"]) == ("64", "16", "1")
+        assert f["--enable-expert-parallel"] is True
+        assert ("--headless" in f) == (k > 0)
+        if k:
+            assert f["--data-parallel-start-rank"] == str(16 * k)
+        kv = json.loads(str(f["--kv-transfer-config"]))
+        assert kv["kv_connector"] == "MooncakeConnectorV1" and kv["kv_role"] == "kv_consumer"
+        assert kv["kv_connector_module_path"] == "vllm_ascend.distributed.mooncake_connector"
+        assert kv["kv_connector_extra_config"] == {
+            "prefill": {"dp_size": 2, "tp_size": 8},
+            "decode": {"dp_size": 64, "tp_size": 1},
+        }
+        assert int(kv["kv_port"]) >= 36000  # 16-die nodes
+        engine_ids.add(kv["engine_id"])
+    all_ids = [json.loads(str(flags(engine_command(plan, r))["--kv-transfer-config"]))["engine_id"] for r in plan.ranks]
+    assert len(all_ids) == len(set(all_ids)), "engine_id must be unique"
+
+
+def test_mooncake_kv_ports_leave_room_per_node(plans: dict[str, Plan]) -> None:
+    """Each node uses kv_port .. kv_port + its devices; ranges on one host never overlap."""
+    plan = plans["cm384-prod"]
+    by_host: dict[str, list[range]] = {}
+    for rank in plan.ranks:
+        kv = json.loads(str(flags(engine_command(plan, rank))["--kv-transfer-config"]))
+        assert rank.kv_port_count >= len(rank.devices)
+        by_host.setdefault(rank.host_ip, []).append(range(int(kv["kv_port"]), int(kv["kv_port"]) + rank.kv_port_count))
+    for spans in by_host.values():
+        ports = [p for s in spans for p in s]
+        assert len(ports) == len(set(ports))
+
+
+def test_mooncake_rejects_prefill_tp_below_decode_tp(edited_plan) -> None:
+    with pytest.raises(ConfigError, match="prefill tp >= decode tp"):
+        edited_plan("cm384-prod", lambda c: (c["prefill"].update(dp=8, tp=2), c["decode"].update(dp=16, tp=4)))
+
+
+def test_additional_config_expert_map_and_eplb(edited_plan) -> None:
+    def edit(cfg):
+        cfg["engine"].update(dynamic_eplb=True, expert_map_path="/etc/ascend-deploy/experts/map.json")
+
+    plan = edited_plan("cm384-prod", edit)
+    decode = plan.by_role("decode")[0]
+    extra = json.loads(str(flags(engine_command(plan, decode.ranks[0]))["--additional-config"]))
+    assert extra["expert_map_path"] == "/etc/ascend-deploy/experts/map.json"
+    assert extra["dynamic_eplb"] is True and extra["init_redundancy_expert"] == decode.redundant_experts
+    assert extra["torchair_graph_config"] == {"enabled": True}
+    newer = edited_plan("cm384-prod", lambda c: (edit(c), c["engine"].update(vllm_ascend_version="0.13.0")))
+    extra = json.loads(str(flags(engine_command(newer, newer.ranks[0]))["--additional-config"]))
+    assert extra["eplb_config"]["dynamic_eplb"] is True and "dynamic_eplb" not in extra
+
+
+def test_mtp_and_quantization_follow_the_stack(plans: dict[str, Plan], edited_plan) -> None:
+    kind = flags(engine_command(plans["kind"], plans["kind"].ranks[0]))  # mtp off in the kind stack
+    assert "--speculative-config" not in kind and kind["--quantization"] == "ascend"
+    a2 = flags(engine_command(plans["a2-staging"], plans["a2-staging"].ranks[0]))
+    assert json.loads(str(a2["--speculative-config"]))["method"] == "deepseek_mtp"
+    plan = edited_plan("kind", lambda c: c["engine"].update(extra_args=["--no-enable-prefix-caching"]))
+    assert engine_command(plan, plan.ranks[0])[-1] == "--no-enable-prefix-caching"
+
+
+def test_version_table_is_contiguous_and_agrees_with_planner() -> None:
+    for before, after in zip(VERSION_TABLE, VERSION_TABLE[1:]):
+        assert before.last < after.first
+    for text in ("0.9.1", "0.10.0", "0.10.1", "0.11.0", "0.12.0"):
+        assert engine_release(text).llmdd_rpc_port_env == llmdd_rpc_port_env(text)
+    assert {c.dialect for c in engine_release("0.11.0").connectors} == {"llmdatadist", "mooncake"}
+    assert {c.dialect for c in engine_release("0.13.0").connectors} == {"mooncake"}

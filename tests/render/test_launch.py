@@ -1,0 +1,141 @@
+"""Entrypoint scripts: syntax, shellcheck, the rank guard and the whole-instance restart watcher."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from ascend_runtime.planner import Plan
+from ascend_runtime.render.launch import hccn_conf, launch_script
+
+STACKS = ("a2-staging", "cm384-prod", "kind", "local")
+
+
+def _write_scripts(plan: Plan, directory: Path) -> list[Path]:
+    paths = []
+    for rank in plan.ranks:
+        path = directory / f"{rank.name}.sh"
+        path.write_text(launch_script(plan, rank))
+        path.chmod(0o755)
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_scripts_pass_bash_n_and_shellcheck(plans: dict[str, Plan], stack: str, tmp_path: Path) -> None:
+    paths = _write_scripts(plans[stack], tmp_path)
+    for path in paths:
+        result = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck is required (tests/run.sh installs it)"
+    result = subprocess.run([shellcheck, "--severity=style", *map(str, paths)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_script_exports_env_and_argv_verbatim(plans: dict[str, Plan]) -> None:
+    plan = plans["a2-staging"]
+    text = launch_script(plan, plan.ranks[1])
+    assert "export HCCL_IF_IP=192.0.2.12\n" in text
+    assert "'{\"method\":\"deepseek_mtp\",\"num_speculative_tokens\":1}'" in text
+    assert "--headless" in text and "exec \"${engine_cmd[@]}\"" not in text
+    assert "exec \"${engine_cmd[@]}\"" in launch_script(plan, plan.ranks[0])
+
+
+def _fake_vllm(bin_dir: Path, log: Path, exit_after: float | None = None) -> None:
+    body = f'echo "$$ $*" >> {log}\n' + (f"sleep {exit_after}\nexit 3\n" if exit_after else "exec sleep 300\n")
+    (bin_dir / "vllm").write_text("#!/usr/bin/env bash\n" + body)
+    (bin_dir / "vllm").chmod(0o755)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _run(script: Path, bin_dir: Path, *args: str) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "ASCEND_DEPLOY_CHECK_FILES": "0",
+        "ASCEND_DEPLOY_LEADER_POLL_S": "0.2",
+        "ASCEND_DEPLOY_LEADER_FAILURES": "2",
+        "ASCEND_DEPLOY_STARTUP_TIMEOUT_S": "20",
+    }
+    return subprocess.Popen(["bash", str(script), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_rank_guard_refuses_another_rank(plans: dict[str, Plan], tmp_path: Path) -> None:
+    plan = plans["local"]
+    script = _write_scripts(plan, tmp_path)[0]
+    _fake_vllm(tmp_path, tmp_path / "log", exit_after=0.1)
+    proc = _run(script, tmp_path, "decode-0-rank0")
+    assert proc.wait(timeout=10) == 64
+    proc = _run(script, tmp_path, plan.ranks[0].name)
+    assert proc.wait(timeout=10) == 3  # the leader execs the engine: its status is the script's
+
+
+def test_headless_rank_exits_when_leader_goes_away(edited_plan, tmp_path: Path) -> None:
+    """Whole-instance restart: a headless rank stops its engine and exits 75 when the leader is lost."""
+    leader_host = "127.0.1.1"  # the local stack's first node
+    port = _free_port(leader_host)
+    plan = edited_plan("local", lambda c: c["ports"].update(api_base=port))
+    headless = plan.instance("prefill-0").ranks[1]
+    assert plan.instance("prefill-0").api_host == leader_host and not headless.is_leader
+    script = tmp_path / "headless.sh"
+    script.write_text(launch_script(plan, headless))
+    log = tmp_path / "vllm.log"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_vllm(bin_dir, log)
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((leader_host, port))
+    server.listen(16)
+    proc = _run(script, bin_dir)
+    try:
+        deadline = time.monotonic() + 10
+        while not (log.exists() and log.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid_text, argv = log.read_text().split(" ", 1)
+        assert "--headless" in argv and "--data-parallel-start-rank 1" in argv
+        time.sleep(1.0)
+        assert proc.poll() is None, proc.communicate()
+        server.close()
+        assert proc.wait(timeout=20) == 75
+        assert "leader" in proc.stderr.read()
+        engine_pid = int(pid_text)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.kill(engine_pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the engine was not stopped")
+    finally:
+        server.close()
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_hccn_conf_from_inventory_and_plan(plans: dict[str, Plan]) -> None:
+    from ascend_runtime.config.loader import load_stack
+
+    plan = plans["a2-staging"]
+    inventory = load_stack("a2-staging").inventory
+    text = hccn_conf(plan, "a2-node-01", inventory)
+    assert "address_0=198.51.100.10\nnetmask_0=255.255.255.0\nnetdetect_0=198.51.100.1\ngateway_0=198.51.100.1\n" in text
+    assert text.count("address_") == 8
+    bare = hccn_conf(plan, "a2-node-01")
+    assert "address_7=198.51.100.17" in bare and "netmask_" not in bare
+    with pytest.raises(KeyError):
+        hccn_conf(plan, "no-such-node")
