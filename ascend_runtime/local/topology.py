@@ -33,15 +33,10 @@ def _cli(*args: str) -> tuple[str, ...]:
     return (sys.executable, "-m", "ascend_runtime", *args)
 
 
-def proxy_instances(plan: Plan) -> list[dict[str, str]]:
-    """The proxy's static instance list: name, role and leader URL of every instance."""
-    return [{"name": i.name, "role": i.role, "url": i.api_url} for i in plan.instances]
-
-
 def write_instances_file(plan: Plan, state_dir: Path) -> Path:
     """Write the instance list the proxy watches; returns its path."""
     path = state_dir / "instances.json"
-    path.write_text(json.dumps({"instances": proxy_instances(plan)}, indent=2))
+    path.write_text(json.dumps({"instances": plan.endpoints()}, indent=2))
     return path
 
 

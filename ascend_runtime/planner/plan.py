@@ -154,6 +154,10 @@ class Plan:
         """Every rank of every instance, prefill first."""
         return tuple(r for i in self.instances for r in i.ranks)
 
+    def endpoints(self) -> list[dict[str, str]]:
+        """Name, role and leader API URL of every instance (what the proxy routes to)."""
+        return [{"name": i.name, "role": i.role, "url": i.api_url} for i in self.instances]
+
     @property
     def proxy_url(self) -> str:
         """The proxy's OpenAI endpoint."""

@@ -18,7 +18,7 @@ from ascend_runtime.deploy.objects.common import secret_placeholder
 from ascend_runtime.planner import load_plan
 
 from .conftest import STACKS, stack_run
-from .harness import ROOT, PROJECT, RecordingMocks, run_stack
+from .harness import PROJECT, ROOT, SECRET_SIG, RecordingMocks, run_stack
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -81,6 +81,8 @@ def test_secrets_only_through_pulumi_config() -> None:
     objs = run.k8s_objects
     pull = next(o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"] == "image-pull-credentials")
     assert pull["stringData"][".dockerconfigjson"] == secret
+    raw = next(r.inputs for r in run.resources if r.name == "deepseek/image-pull-credentials")
+    assert SECRET_SIG in raw["stringData"], "the value stays a Pulumi secret"
     pods = [o["spec"]["template"]["spec"] for o in objs if o["kind"] in ("Deployment", "Job", "DaemonSet")]
     assert pods and all(p.get("imagePullSecrets") == [{"name": "image-pull-credentials"}] for p in pods)
     files = manifest_files(load_plan("a2-staging"), secrets=["image_pull_credentials", "model_source_credentials"])

@@ -24,6 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001
     src.add_argument("--decode", action="append", default=[], metavar="URL[,name=NAME][,weight=W]")
     src.add_argument("--instances-file", type=Path, help="YAML/JSON list of {name, role, url}; reloaded on "
                                                          "change and on SIGHUP")
+    src.add_argument("--stack", help="route to every instance of this stack's Plan (leader API URLs)")
+    src.add_argument("--stacks-dir", help="stacks directory for --stack (default: the project's stacks/)")
     src.add_argument("--k8s-namespace", help="watch EndpointSlices in this namespace")
     src.add_argument("--k8s-prefill-selector", help="label selector of the prefill Service's EndpointSlices")
     src.add_argument("--k8s-decode-selector", help="label selector of the decode Service's EndpointSlices")
@@ -48,14 +50,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001
     p.set_defaults(func=handler)
 
 
+def plan_specs(stack: str, stacks_dir: str | None) -> list[InstanceSpec]:
+    """Instances of a stack's Plan; a ConfigError becomes a ValueError naming the stack."""
+    from ascend_runtime.config.errors import ConfigError
+    from ascend_runtime.planner import load_plan
+    from ascend_runtime.proxy.instances import specs_from_data
+
+    try:
+        plan = load_plan(stack, stacks_dir)
+    except ConfigError as exc:
+        raise ValueError(f"--stack {stack}: {exc}") from None
+    return specs_from_data(plan.endpoints())
+
+
 def config_from_args(args: argparse.Namespace) -> ProxyConfig:
     """Build a ProxyConfig; raises InstanceSpecError / ValueError on bad input."""
     specs: list[InstanceSpec] = [parse_cli_instance("prefill", v) for v in args.prefill]
     specs += [parse_cli_instance("decode", v) for v in args.decode]
+    if args.stack:
+        specs += plan_specs(args.stack, args.stacks_dir)
     check_unique(specs)
     k8s = bool(args.k8s_namespace)
     if not specs and args.instances_file is None and not k8s:
-        raise ValueError("give --prefill/--decode, --instances-file or --k8s-namespace")
+        raise ValueError("give --prefill/--decode, --stack, --instances-file or --k8s-namespace")
     token = None
     if args.admin_token_env:
         token = os.environ.get(args.admin_token_env)
