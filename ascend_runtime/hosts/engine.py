@@ -245,7 +245,10 @@ class Runner:
             else:
                 active.append(unit)
         if step.type == "set":
-            evaluated = [(u, self._run_set(session, step, u.ctx)) for u in active]
+            # read every device's current value in one exec; set (and re-read) only where it differs
+            gets = (self._run_batch(session, step, [render(step.get or "", u.ctx) for u in active])
+                    if len(active) > 1 else [None] * len(active))
+            evaluated = [(u, self._run_set(session, step, u.ctx, g)) for u, g in zip(active, gets)]
         elif len(active) > 1:
             results = self._run_batch(session, step, [self._unit_command(step, u.ctx) for u in active])
             evaluated = [(u, self._evaluate(step, u.ctx, r)) for u, r in zip(active, results)]
@@ -341,12 +344,14 @@ class Runner:
         keys = list(step.expect) or ([step.field] if step.field else [])
         return ", ".join(f"{k}={_get(observed, k)}" for k in keys) or "ok"
 
-    def _run_set(self, session: Session, step: Step, ctx: dict[str, Any]) -> tuple[str, str, dict | None]:
+    def _run_set(self, session: Session, step: Step, ctx: dict[str, Any],
+                 first_get: CommandResult | None = None) -> tuple[str, str, dict | None]:
         parser = PARSERS[step.parser or "raw"]
         want = {k: _s(render_value(v, ctx)) for k, v in step.want.items()}
+        prefetched = [first_get] if first_get is not None else []
 
         def diff() -> tuple[dict[str, tuple[str, str]], dict | None, str]:
-            res = self._run_cmd(session, step, step.get or "", ctx)
+            res = prefetched.pop() if prefetched else self._run_cmd(session, step, step.get or "", ctx)
             if res.timed_out:
                 return {}, None, f"get timed out: {_err(res)}"
             current = parser(res.stdout)

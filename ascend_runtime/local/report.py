@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_runtime.checks import SLO, SmokeReport, ThroughputConfig, ThroughputResult, run_smoke_sync, run_throughput_sync
+from ascend_runtime.checks.smoke import Instance
 from ascend_runtime.planner.plan import Plan
 
 
@@ -88,7 +89,8 @@ def comparison_lines(plan: Plan, result: ThroughputResult) -> list[str]:
 
 def run_checks(plan: Plan, state_dir: Path, num_prompts: int | None = None, progress: bool = True) -> LocalReport:
     """Smoke (proxy and every instance of the Plan) then a short throughput check; result JSON in the state dir."""
-    smoke = run_smoke_sync(plan.proxy_url, stack=plan.stack, timeout_s=30.0)
+    instances = [Instance(i.name, i.api_url, i.role) for i in plan.instances]
+    smoke = run_smoke_sync(plan.proxy_url, instances=instances, timeout_s=30.0)
     lines = [item.line() for item in smoke.items]
     result = None
     if smoke.passed:

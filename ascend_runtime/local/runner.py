@@ -37,8 +37,6 @@ class UpOptions:
     """How `up` behaves; times in wall-clock seconds."""
 
     ready_timeout_s: float = 90.0
-    run_checks: bool = True
-    throughput_prompts: int | None = None
 
 
 def log_tail(path: str, lines: int = 15) -> str:
@@ -57,7 +55,7 @@ def running_state(state_dir: Path) -> StackState | None:
     return None
 
 
-def start_all(plan: Plan, state_dir: Path) -> StackState:
+def start_all(plan: Plan, state_dir: Path, stacks_dir: str | None = None) -> StackState:
     """Start every process of the Plan, recording each pid immediately."""
     state_dir.mkdir(parents=True, exist_ok=True)
     write_instances_file(plan, state_dir)
@@ -68,7 +66,7 @@ def start_all(plan: Plan, state_dir: Path) -> StackState:
     env = {PROXY_TOKEN_ENV: token_file.read_text().strip()}
     state = StackState(stack=plan.stack, proxy_url=plan.proxy_url, started_at=time.time(),
                        speedup=float(plan.config["simulator"]["speedup"]))
-    for spec in local_processes(plan, state_dir):
+    for spec in local_processes(plan, state_dir, stacks_dir):
         log = state_dir / "logs" / f"{spec.name}.log"
         pid = start_process(spec.argv, log, env)
         state.processes.append(ProcessRecord(spec.name, spec.kind, pid, list(spec.argv), spec.health_url, str(log)))
@@ -110,11 +108,11 @@ def stop_all(state: StackState) -> list[str]:
     return stuck
 
 
-def bring_up(plan: Plan, state_dir: Path, options: UpOptions, console: Console) -> StackState:
+def bring_up(plan: Plan, state_dir: Path, options: UpOptions, console: Console, stacks_dir: str | None = None) -> StackState:
     """Start the stack and wait until it is ready; on failure stop what was started and raise."""
     if running_state(state_dir):
         raise LocalStackError(f"stack {plan.stack} is already running (state in {state_dir}); run `ascend-deploy down --stack {plan.stack}` first")
-    state = start_all(plan, state_dir)
+    state = start_all(plan, state_dir, stacks_dir)
     try:
         asyncio.run(wait_ready(state, options.ready_timeout_s, console))
     except BaseException:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ascend_runtime.planner.plan import Plan
-from ascend_runtime.sim.from_plan import sim_argv, sim_config_from_plan
 
 #: Seconds between balancer cycles on the local stack (simulated time runs faster).
 LOCAL_BALANCE_INTERVAL_S = 5.0
@@ -40,14 +39,15 @@ def write_instances_file(plan: Plan, state_dir: Path) -> Path:
     return path
 
 
-def local_processes(plan: Plan, state_dir: Path) -> list[ProcessSpec]:
+def local_processes(plan: Plan, state_dir: Path, stacks_dir: str | None = None) -> list[ProcessSpec]:
     """Simulators first (prefill, then decode), then the proxy, then the balancer."""
     if plan.target != "local":
         raise ValueError(f"stack {plan.stack} targets {plan.target!r}; the local launcher runs only target 'local' stacks")
     specs = []
+    where = ("--stacks-dir", str(stacks_dir)) if stacks_dir else ()
     for inst in plan.instances:
-        config = sim_config_from_plan(plan, inst)
-        specs.append(ProcessSpec(inst.name, "simulator", _cli("sim", *sim_argv(config)), f"{inst.api_url}/health"))
+        argv = _cli("sim", "--stack", plan.stack, *where, "--instance", inst.name)
+        specs.append(ProcessSpec(inst.name, "simulator", argv, f"{inst.api_url}/health"))
     instances_file = state_dir / "instances.json"
     specs.append(
         ProcessSpec(

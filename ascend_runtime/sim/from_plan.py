@@ -40,16 +40,3 @@ def sim_config_from_plan(plan: Plan, instance: InstancePlan, bind_host: str | No
         model=plan.config["model"]["name"],
         seed=instance.ordinal,
     )
-
-
-def sim_argv(config: SimConfig) -> list[str]:
-    """``ascend-deploy sim`` flags reproducing ``config`` (flags mirror SimConfig fields)."""
-    argv: list[str] = []
-    for name, value in config.model_dump(exclude_defaults=True).items():
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            if value:
-                argv.append(flag)
-        elif value is not None:
-            argv += [flag, str(value)]
-    return argv

@@ -83,7 +83,8 @@ def test_secrets_only_through_pulumi_config() -> None:
     assert pull["stringData"][".dockerconfigjson"] == secret
     raw = next(r.inputs for r in run.resources if r.name == "deepseek/image-pull-credentials")
     assert SECRET_SIG in raw["stringData"], "the value stays a Pulumi secret"
-    pods = [o["spec"]["template"]["spec"] for o in objs if o["kind"] in ("Deployment", "Job", "DaemonSet")]
+    pods = [o["spec"]["template"]["spec"] for o in objs
+            if o["kind"] in ("Deployment", "Job", "DaemonSet") and o["metadata"]["namespace"] == "deepseek"]
     assert pods and all(p.get("imagePullSecrets") == [{"name": "image-pull-credentials"}] for p in pods)
     files = manifest_files(load_plan("a2-staging"), secrets=["image_pull_credentials", "model_source_credentials"])
     text = "".join(files.values())

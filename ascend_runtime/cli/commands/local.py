@@ -61,7 +61,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 2
     state_dir = _state_dir(args)
     try:
-        state = bring_up(plan, state_dir, UpOptions(ready_timeout_s=args.ready_timeout_s), console)
+        state = bring_up(plan, state_dir, UpOptions(ready_timeout_s=args.ready_timeout_s), console, args.stacks_dir)
     except LocalStackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -20,11 +20,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add the `sim` sub-command."""
     p = subparsers.add_parser("sim", help="Run an engine simulator (a vLLM-Ascend instance without NPUs).",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--role", required=True, choices=["prefill", "decode"])
+    p.add_argument("--stack", help="Take every option of --instance from this stack's Plan (explicit flags are then ignored).")
+    p.add_argument("--stacks-dir", help="Stacks directory for --stack (default: the project's stacks/).")
+    p.add_argument("--bind-host", help="With --stack: listen here (e.g. 0.0.0.0 in a pod) instead of the leader's host IP.")
+    p.add_argument("--role", choices=["prefill", "decode"], help="Required without --stack.")
     p.add_argument("--instance", required=True, help="Instance name (x-instance header, engine id prefix).")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--kv-port", type=int, required=True, help="KV transfer TCP port.")
+    p.add_argument("--port", type=int, help="Required without --stack.")
+    p.add_argument("--kv-port", type=int, help="KV transfer TCP port. Required without --stack.")
     p.add_argument("--kv-host", default=None, help="Host announced in kv_transfer_params (default: --host).")
     p.add_argument("--hardware", choices=["atlas-800i-a2", "cm384"], default="atlas-800i-a2")
     for flag in ("npus", "dp", "tp", "ep", "nodes"):
@@ -45,8 +48,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.set_defaults(func=handler)
 
 
+def config_from_plan(args: argparse.Namespace) -> SimConfig:
+    """The SimConfig of ``--instance`` in the ``--stack`` Plan; ValueError naming the problem."""
+    from ascend_runtime.config.errors import ConfigError
+    from ascend_runtime.planner import load_plan
+    from ascend_runtime.sim.from_plan import sim_config_from_plan
+
+    try:
+        plan = load_plan(args.stack, args.stacks_dir)
+    except ConfigError as exc:
+        raise ValueError(f"--stack {args.stack}: {exc}") from None
+    if plan.target not in ("local", "kind"):
+        raise ValueError(f"--stack {args.stack}: target {plan.target!r} runs real engines; the simulator serves only local and kind stacks")
+    try:
+        instance = plan.instance(args.instance)
+    except KeyError:
+        names = ", ".join(i.name for i in plan.instances)
+        raise ValueError(f"--instance {args.instance}: not in the Plan of {args.stack} (instances: {names})") from None
+    return sim_config_from_plan(plan, instance, bind_host=args.bind_host)
+
+
 def config_from_args(args: argparse.Namespace) -> SimConfig:
-    """The SimConfig the flags describe (the seam a Plan-driven ``--stack`` will replace)."""
+    """The SimConfig the flags describe, or the Plan's with ``--stack``."""
+    if args.stack:
+        return config_from_plan(args)
+    missing = [f"--{n.replace('_', '-')}" for n in ("role", "port", "kv_port") if getattr(args, n) is None]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} required without --stack")
     return SimConfig(
         role=args.role, instance=args.instance, host=args.host, port=args.port, kv_port=args.kv_port,
         kv_host=args.kv_host, hardware=args.hardware, npus=args.npus, dp=args.dp, tp=args.tp, ep=args.ep,
