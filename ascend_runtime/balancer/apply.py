@@ -7,8 +7,9 @@
   (``POST {proxy}/admin/instances/drain {"name"}`` with a Bearer token), wait
   for in-flight requests, delete the instance's pods (the Deployment/StatefulSet
   recreates them, reading the new ConfigMap), wait until they are Ready again,
-  then re-admit it (``POST {proxy}/admin/instances/undrain``; a 404 there is
-  logged, for proxies that re-admit on health).
+  then re-admit it (``POST {proxy}/admin/instances/drain {"name", "drain": false}``,
+  the proxy's undrain). The instance must be listed by ``GET /admin/instances``
+  first; the wait for in-flight requests polls that listing.
 - :class:`NoopApplier`: publish only (engines pick the map up themselves).
 """
 
@@ -68,7 +69,7 @@ class SimulatorApplier:
 
 
 class DrainRestartApplier:
-    """Drain via the proxy, restart the pods (kubernetes client), wait Ready, re-admit."""
+    """Drain via the proxy, restart the pods (kubernetes client), wait Ready, undrain via the proxy."""
 
     def __init__(
         self,
@@ -78,22 +79,29 @@ class DrainRestartApplier:
         core_api: Any,
         namespace: str,
         label_selector: str,
-        drain_wait_s: float = 5.0,
+        drain_wait_s: float = 60.0,
         ready_timeout_s: float = 900.0,
         poll_s: float = 2.0,
-        undrain_path: str = "/admin/instances/undrain",
     ) -> None:
         self.name, self.proxy_url, self.token = name, proxy_url.rstrip("/"), token
         self.api, self.namespace, self.label_selector = core_api, namespace, label_selector
         self.drain_wait_s, self.ready_timeout_s, self.poll_s = drain_wait_s, ready_timeout_s, poll_s
-        self.undrain_path = undrain_path
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
 
-    async def _proxy(self, session: aiohttp.ClientSession, path: str) -> int:
-        async with session.post(f"{self.proxy_url}{path}", json={"name": self.name}, headers=self._headers()) as resp:
+    async def _drain(self, session: aiohttp.ClientSession, drain: bool) -> int:
+        async with session.post(f"{self.proxy_url}/admin/instances/drain", json={"name": self.name, "drain": drain},
+                                headers=self._headers()) as resp:
             return resp.status
+
+    async def _listed(self, session: aiohttp.ClientSession) -> dict[str, Any] | None:
+        """This instance's entry in the proxy's ``GET /admin/instances``; None if absent; raises on HTTP errors."""
+        async with session.get(f"{self.proxy_url}/admin/instances", headers=self._headers()) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"proxy listing refused: HTTP {resp.status}")
+            body = await resp.json(content_type=None)
+        return next((i for i in body.get("instances", []) if i.get("name") == self.name), None)
 
     def _pods(self) -> list[Any]:
         return list(self.api.list_namespaced_pod(self.namespace, label_selector=self.label_selector).items)
@@ -104,17 +112,32 @@ class DrainRestartApplier:
         return any(c.type == "Ready" and c.status == "True" for c in conds)
 
     async def apply(self, session: aiohttp.ClientSession, doc: dict[str, Any]) -> ApplyResult:
-        status = await self._proxy(session, "/admin/instances/drain")
+        try:
+            entry = await self._listed(session)
+        except (RuntimeError, aiohttp.ClientError, ValueError) as exc:
+            return ApplyResult(self.name, False, str(exc))
+        if entry is None:
+            return ApplyResult(self.name, False, f"proxy does not list instance {self.name!r}")
+        status = await self._drain(session, True)
         if status != 200:
             return ApplyResult(self.name, False, f"drain refused by proxy: HTTP {status}")
-        await asyncio.sleep(self.drain_wait_s)
-        old = self._pods()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_wait_s
+        while loop.time() < deadline:  # in-flight requests finish (the proxy sends no new ones)
+            try:
+                entry = await self._listed(session)
+            except (RuntimeError, aiohttp.ClientError, ValueError):
+                entry = None  # cannot see in-flight counts: proceed after what we waited
+            if entry is None or not entry.get("inflight"):
+                break
+            await asyncio.sleep(min(self.poll_s, max(deadline - loop.time(), 0.0)))
+        old = await asyncio.to_thread(self._pods)
         if not old:
-            return ApplyResult(self.name, False, f"no pods match {self.label_selector!r} in {self.namespace}")
+            await self._drain(session, False)
+            return ApplyResult(self.name, False, f"no pods match {self.label_selector!r} in {self.namespace}; undrained")
         old_uids = {p.metadata.uid for p in old}
         for pod in old:
             await asyncio.to_thread(self.api.delete_namespaced_pod, pod.metadata.name, self.namespace)
-        loop = asyncio.get_running_loop()
         deadline = loop.time() + self.ready_timeout_s
         while loop.time() < deadline:
             pods = await asyncio.to_thread(self._pods)
@@ -124,9 +147,7 @@ class DrainRestartApplier:
             await asyncio.sleep(self.poll_s)
         else:
             return ApplyResult(self.name, False, f"pods not Ready within {self.ready_timeout_s:.0f} s; left drained")
-        status = await self._proxy(session, self.undrain_path)
-        if status == 404:
-            log.warning("proxy has no %s; relying on its health checks to re-admit %s", self.undrain_path, self.name)
-        elif status != 200:
-            return ApplyResult(self.name, False, f"re-admit refused by proxy: HTTP {status}")
-        return ApplyResult(self.name, True, "drained, restarted, re-admitted")
+        status = await self._drain(session, False)
+        if status != 200:
+            return ApplyResult(self.name, False, f"undrain refused by proxy: HTTP {status}")
+        return ApplyResult(self.name, True, "drained, restarted, undrained")

@@ -115,6 +115,11 @@ def parse_inventory(raw: Any, source: str = "") -> Inventory:
         raise ConfigError(problems_from_validation(exc, Inventory, prefix="inventory."), source) from None
 
 
+def read_inventory(path: str | os.PathLike[str]) -> Inventory:
+    """Read and validate one inventory file; raises ConfigError naming the key."""
+    return parse_inventory(_read_yaml(Path(path), "inventory"), str(path))
+
+
 def load_stack(name: str, directory: str | os.PathLike[str] | None = None) -> Stack:
     """Load ``Pulumi.<name>.yaml`` and the inventory it names; raises :class:`ConfigError`."""
     base = stacks_dir(directory)
@@ -127,7 +132,7 @@ def load_stack(name: str, directory: str | os.PathLike[str] | None = None) -> St
         raise ConfigError.single("config", "the stack file needs a `config:` mapping", source=str(stack_file))
     config, secrets = parse_stack_config(document.get("config", {}), str(stack_file))
     inventory_file = (base / config.inventory).resolve()
-    inventory = parse_inventory(_read_yaml(inventory_file, "inventory"), str(inventory_file))
+    inventory = read_inventory(inventory_file)
     return Stack(
         name=name,
         config=config,

@@ -60,6 +60,13 @@ class StageConfig(_Strict):
     )
 
 
+class ModelStagingConfig(_Strict):
+    """Weights pre-staged on every host; the preflight playbook checks the directory is complete."""
+
+    dir: str = Field(description="Model directory on the hosts.")
+    files: dict[str, int] = Field(default_factory=dict, description="File name -> size in bytes.")
+
+
 class EngineConfig(_Strict):
     """The vLLM-Ascend engine image and version-dependent switches."""
 
@@ -162,6 +169,9 @@ class StackConfig(_Strict):
     inventory: str = Field(description="Host inventory file, relative to stacks/.")
     allow_cross_super_pod: bool = Field(False, description="CM384: let one instance span super pods.")
     model: ModelShape = Field(default_factory=ModelShape, description="DeepSeek-V3/R1 shape and weights.")
+    model_staging: ModelStagingConfig | None = Field(
+        None, description="Weights staged on the hosts (checked by the preflight playbook); null when not staged."
+    )
     prefill: StageConfig = Field(description="Prefill stage.")
     decode: StageConfig = Field(description="Decode stage.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="vLLM-Ascend engine.")

@@ -108,6 +108,8 @@ class Engine:
         self._balance: collections.deque[tuple[float, float]] = collections.deque(maxlen=BALANCE_WINDOW)
         self.modelled_time = 0.0
         self.busy_steps = 0
+        #: decode-only steps by batch tokens: tokens -> [steps, modelled s, modelled MoE s (experts + all-to-all)]
+        self.decode_by_batch: dict[int, list[float]] = {}
         self.tokens_generated = 0
         self.tokens_prefilled = 0
 
@@ -249,6 +251,11 @@ class Engine:
             loads = self.router.route(tokens)
             rank_load, active = self.expert_map.rank_loads(loads)
             st = self.timing.step(batches, rank_load, active)
+            if not any(b.prefill_chunks for b in batches):
+                acc = self.decode_by_batch.setdefault(tokens, [0, 0.0, 0.0])
+                acc[0] += 1
+                acc[1] += st.total
+                acc[2] += self.timing.scale * (st.experts + st.all2all)
             self.cum_expert += loads
             self.cum_rank += rank_load
             self.seq += 1

@@ -270,6 +270,10 @@ class Handlers:
             "kv_transfers_out": k.transfers_out, "kv_transfers_in": k.transfers_in,
             "kv_blocks_expired": k.expired_blocks, "kv_retained_tokens": st.kv.retained_tokens,
             "faults": st.faults.as_dict(),
+            "decode_steps_by_batch": {
+                str(t): {"steps": int(n), "mean_step_ms": total / n * 1000.0, "mean_moe_ms": moe / n * 1000.0}
+                for t, (n, total, moe) in sorted(e.decode_by_batch.items())
+            },
         })
 
 

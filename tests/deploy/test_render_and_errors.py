@@ -138,3 +138,24 @@ def test_dockerfile_provides_the_runtime_commands() -> None:
     assert 'ENTRYPOINT' not in text or 'ascend-deploy' in text
     assert "pip install" in text and "USER 10001" in text
     assert json.dumps("ascend-deploy") in text or "ascend-deploy" in text
+
+
+@pytest.mark.parametrize("stack", ["kind", "a2-staging"])
+def test_runtime_commands_parse_with_the_real_cli(stack: str) -> None:
+    """Every `ascend-deploy ...` command line in the objects is accepted by the CLI's parser."""
+    import shlex
+
+    from ascend_runtime.cli import build_parser
+
+    parser = build_parser()
+    parsed = 0
+    for obj in build_system(load_plan(stack)).all():
+        if obj["kind"] not in ("Deployment", "Job"):
+            continue
+        cmd = obj["spec"]["template"]["spec"]["containers"][0]["command"]
+        lines = [cmd] if cmd[0] == "ascend-deploy" else [shlex.split(line) for line in cmd[-1].splitlines()[1:]]
+        for argv in lines:
+            if argv and argv[0] == "ascend-deploy":
+                parser.parse_args([a.replace("$(POD_IP)", "10.0.0.1") for a in argv[1:]])
+                parsed += 1
+    assert parsed >= 4

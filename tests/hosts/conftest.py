@@ -182,7 +182,8 @@ class Lab:
                 Path(str(h.state_file) + suffix).unlink(missing_ok=True)
         self.vars_file.write_text(yaml.safe_dump({"hosts": host_vars}))
         (self.stacks / "Pulumi.test.yaml").write_text(yaml.safe_dump({"config": {
-            "ascend-deepseek:hardware": HARDWARE[kind], "ascend-deepseek:inventory": "inventories/test.yaml"}}))
+            "ascend-deepseek:hardware": HARDWARE[kind], "ascend-deepseek:inventory": "inventories/test.yaml",
+            "ascend-deepseek:prefill": {}, "ascend-deepseek:decode": {}}}))
         self.write_inventory()
 
     def inventory(self, with_devices: bool = True) -> dict[str, Any]:

@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="Run a playbook on the stack's hosts.")
     run.add_argument("name", help="Playbook name (see `playbook list`) or a playbook file path.")
     run.add_argument("--stack", required=True, help="Stack name (stacks/Pulumi.<stack>.yaml).")
-    run.add_argument("--stacks-dir", type=Path, default=None, help="Stacks directory (default $ASCEND_STACKS_DIR or ./stacks).")
+    run.add_argument("--stacks-dir", type=Path, default=None, help="Stacks directory (default $ASCEND_DEPLOY_STACKS or the project's stacks/).")
     run.add_argument("--check", action="store_true", help="Change nothing; show what would change.")
     run.add_argument("--limit", action="append", default=[], metavar="HOST",
                      help="Only these hosts (node name or address; repeat or comma-separate).")
@@ -143,6 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if unknown:
             raise ConfigError.single("--limit", "no such host in the inventory", ", ".join(unknown))
         vars_all, vars_hosts = _parse_vars(args)
+        vars_all = {**stack.variables, **vars_all}
         bad_hosts = sorted(set(vars_hosts) - {n.name for n in inventory.nodes})
         if bad_hosts:
             raise ConfigError.single("--vars.hosts", "no such node in the inventory", ", ".join(bad_hosts))
