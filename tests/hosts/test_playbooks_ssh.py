@@ -178,3 +178,24 @@ def test_bad_input_exit_2(lab, capsys) -> None:
     assert rc == 2 and "--limit" in capsys.readouterr().out
     rc, _ = lab.run("no-such-playbook")
     assert rc == 2 and "playbook" in capsys.readouterr().out
+
+
+def test_staged_model_from_the_stack_checked_on_every_host(lab) -> None:
+    model = lab.tmp / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model-00001.safetensors").write_bytes(b"x" * 4096)
+    stack_file = lab.stacks / "Pulumi.test.yaml"
+    doc = yaml.safe_load(stack_file.read_text())
+    doc["config"]["ascend-deepseek:model_staging"] = {
+        "dir": str(model), "files": {"config.json": 2, "model-00001.safetensors": 4096}}
+    stack_file.write_text(yaml.safe_dump(doc))
+    rc, report = lab.run("preflight")
+    assert rc == 0, results(report, status="fail")
+    assert any("model" in r["step"] and r["status"] == "ok" for r in results(report, "a2-node-00"))
+    (model / "model-00001.safetensors").write_bytes(b"x" * 100)  # a truncated copy on every host (one filesystem)
+    rc, report = lab.run("preflight")
+    assert rc == 1
+    for host in ("a2-node-00", "a2-node-03"):
+        failed = [r for r in results(report, host, "fail") if "model" in r["step"]]
+        assert failed and "model-00001.safetensors" in failed[0]["message"], results(report, host, "fail")
