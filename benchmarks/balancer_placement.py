@@ -53,7 +53,7 @@ def run_case(ranks: int, slots: int, hier: bool, skew: float, drift: float, seed
     nxt = trace[HISTORY]
     fc = forecast(trace, HISTORY)
     t0 = time.perf_counter()
-    ours = place_from_scratch(fc.mean, ranks, slots, g, n, fc.std)
+    ours = place_from_scratch(fc.mean, ranks, slots, g, n, fc.std, holdout=fc.holdout)
     t_ours = time.perf_counter() - t0
     t0 = time.perf_counter()
     greedy = eplb_greedy(trace[HISTORY - 1], ranks, slots, g, n)
@@ -62,9 +62,9 @@ def run_case(ranks: int, slots: int, hier: bool, skew: float, drift: float, seed
     trivial = trivial_placement(*trace.shape[1:], ranks, slots)
     # moves: plan at window 8 with the window-7 plan in service
     fc_prev = forecast(trace, HISTORY - 1)
-    prev = place_from_scratch(fc_prev.mean, ranks, slots, g, n, fc_prev.std)
+    prev = place_from_scratch(fc_prev.mean, ranks, slots, g, n, fc_prev.std, holdout=fc_prev.holdout)
     t0 = time.perf_counter()
-    inc = plan_placement(fc.mean, ranks, slots, g, n, previous=prev, std=fc.std)
+    inc = plan_placement(fc.mean, ranks, slots, g, n, previous=prev, std=fc.std, holdout=fc.holdout)
     t_inc = time.perf_counter() - t0
     b = {k: balancedness(p, nxt, ranks) for k, p in
          {"ours": ours, "greedy": greedy, "greedy_fc": greedy_fc, "trivial": trivial, "inc": inc.placement}.items()}
@@ -94,10 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         trace = synthetic_trace(HISTORY + 1, skew=1.0, drift=0.1, seed=args.seed)
         fc = forecast(trace, HISTORY)
         g, n = (GROUPS, nodes_for(144)) if hier else (None, None)
-        prev = place_from_scratch(forecast(trace, HISTORY - 1).mean, 144, 2, g, n)
+        fc_prev = forecast(trace, HISTORY - 1)
+        prev = place_from_scratch(fc_prev.mean, 144, 2, g, n, fc_prev.std, holdout=fc_prev.holdout)
         for name, fn in {
-            "ours": lambda: place_from_scratch(fc.mean, 144, 2, g, n, fc.std),
-            "ours+previous": lambda: plan_placement(fc.mean, 144, 2, g, n, previous=prev, std=fc.std),
+            "ours": lambda: place_from_scratch(fc.mean, 144, 2, g, n, fc.std, holdout=fc.holdout),
+            "ours+previous": lambda: plan_placement(fc.mean, 144, 2, g, n, previous=prev, std=fc.std, holdout=fc.holdout),
             "greedy": lambda: eplb_greedy(trace[HISTORY - 1], 144, 2, g, n),
         }.items():
             times = []

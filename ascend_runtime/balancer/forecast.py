@@ -25,6 +25,9 @@ class Forecast:
     std: np.ndarray
     alpha: float
     windows: int
+    #: ``(mean, std, window)``: the forecast made before the newest window, and that window
+    #: (tokens). Lets the planner pick its hedging by how plans fared on load it had not seen.
+    holdout: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 class LoadForecaster:
@@ -43,6 +46,7 @@ class LoadForecaster:
         self._state: np.ndarray | None = None  # [A, L, E] shares
         self._sqerr: np.ndarray | None = None  # [A, L, E] decayed squared error of shares
         self._score: np.ndarray | None = None  # [A] decayed total squared error
+        self._holdout: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def update(self, window: np.ndarray) -> None:
         """Fold one window ``[L, E]`` of token counts in. Empty windows are ignored."""
@@ -52,6 +56,9 @@ class LoadForecaster:
             return
         share = window / totals
         tokens = float(totals.mean())
+        if self.windows >= 2:
+            before = self.forecast()
+            self._holdout = (before.mean, before.std, window.copy())
         alphas = np.asarray(self.alphas)[:, None, None]
         if self._state is None:
             self._state = np.broadcast_to(share, (len(self.alphas), *share.shape)).copy()
@@ -74,4 +81,4 @@ class LoadForecaster:
         best = int(np.argmin(self._score)) if self.windows > 1 else 0
         mean = self._state[best] * self.scale
         std = np.sqrt(self._sqerr[best]) * self.scale
-        return Forecast(mean=mean, std=std, alpha=float(self.alphas[best]), windows=self.windows)
+        return Forecast(mean=mean, std=std, alpha=float(self.alphas[best]), windows=self.windows, holdout=self._holdout)

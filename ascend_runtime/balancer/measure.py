@@ -60,7 +60,11 @@ def moved_slots(previous: np.ndarray, placement: np.ndarray, ranks: int, num_exp
     layers, slots_total = new.shape
     slots = slots_total // ranks
     cell = (np.arange(layers)[:, None] * ranks + np.repeat(np.arange(ranks), slots)[None, :]) * num_experts
-    size = layers * ranks * num_experts
-    old_c = np.bincount((cell + prev).ravel(), minlength=size)
-    new_c = np.bincount((cell + new).ravel(), minlength=size)
-    return int(np.maximum(new_c - old_c, 0).sum())
+
+    def keyed(x: np.ndarray) -> np.ndarray:  # (cell, expert, occurrence) as one sorted int key
+        k = np.sort((cell + x).ravel())
+        first = np.r_[0, np.nonzero(k[1:] != k[:-1])[0] + 1]
+        occ = np.arange(k.size) - np.repeat(first, np.diff(np.r_[first, k.size]))
+        return k * slots + occ
+
+    return int(new.size - np.intersect1d(keyed(prev), keyed(new), assume_unique=True).size)

@@ -41,7 +41,8 @@ from ascend_runtime.balancer.measure import balancedness, moved_slots, replica_c
 class PlacementConfig:
     """Tuning knobs; defaults are the ones the benchmark measured."""
 
-    hedge: float = 1.0  # std multiples added to load when sizing replicas
+    hedge: float = 1.0  # std multiples added to load when sizing replicas (no holdout)
+    hedges: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 3.0)  # candidates validated on the holdout window
     max_swap_rounds: int = 400  # cap on local-search rounds per batch
     tolerance: float = 0.01  # incremental result may trail from-scratch by this (relative)
     min_gain: float = 0.01  # keep previous placement unless balancedness improves this much (relative)
@@ -107,6 +108,23 @@ def pack_lpt(ids: np.ndarray, w: np.ndarray, ranks: int, slots: int, n: int) -> 
         loads[row, r] += w[row, item]
         fill[row, r] += 1
         has[row, r, e] = True
+    return out
+
+
+def pack_rounds(ids: np.ndarray, w: np.ndarray, ranks: int, slots: int) -> np.ndarray:
+    """Round-robin LPT: ``slots`` rounds; each deals the next ``ranks`` heaviest items,
+    heaviest to the currently lightest rank. ``[B, P]`` -> ids ``[B, R, S]`` (duplicates possible)."""
+    rows, total = ids.shape
+    order = np.argsort(-w, axis=1, kind="stable")
+    ws = np.take_along_axis(w, order, axis=1).reshape(rows, slots, ranks)
+    es = np.take_along_axis(ids, order, axis=1).reshape(rows, slots, ranks)
+    out = np.empty((rows, ranks, slots), dtype=np.int64)
+    loads = np.zeros((rows, ranks))
+    row = np.arange(rows)[:, None]
+    for s in range(slots):
+        dest = np.argsort(loads, axis=1, kind="stable")  # lightest first
+        out[row, dest, s] = es[:, s]
+        loads[row, dest] += ws[:, s]
     return out
 
 
@@ -221,7 +239,8 @@ def solve_batch(
     rows, n = weight.shape
     counts = water_fill(hedged, ranks * slots, ranks)
     item_ids, item_w = _items(counts, np.maximum(weight, 0.0))
-    ids = repair_duplicates(pack_lpt(item_ids, item_w, ranks, slots, n))
+    packed = pack_rounds(item_ids, item_w, ranks, slots) if slots <= 2 else pack_lpt(item_ids, item_w, ranks, slots, n)
+    ids = repair_duplicates(packed)
     return refine_swaps(ids, np.maximum(weight, 0.0) / counts, rounds)
 
 
@@ -379,6 +398,45 @@ def _check(load: np.ndarray, ranks: int, slots: int, groups: int | None, nodes: 
             raise ValueError(f"need experts % groups == 0, groups % nodes == 0, ranks % nodes == 0 (E={n}, G={groups}, N={nodes}, R={ranks})")
 
 
+def _solve(
+    load: np.ndarray,
+    hedged: list[np.ndarray],
+    ranks: int,
+    slots: int,
+    groups: int | None,
+    nodes: int | None,
+    rounds: int,
+) -> np.ndarray:
+    """Placements ``[K, L, R*S]``, one per hedged load in ``hedged`` (K of ``[L, E]``), in one batch.
+
+    Packing uses ``load``; the hedged loads only size the replicas. Hierarchical:
+    one group -> node assignment (from ``load``) shared by all K.
+    """
+    layers, n = load.shape
+    k = len(hedged)
+    if not (groups and nodes) or nodes == 1:
+        w = np.broadcast_to(load, (k, layers, n)).reshape(k * layers, n)
+        out = solve_batch(w, np.concatenate(hedged), ranks, slots, rounds)
+        return out.reshape(k, layers, -1)
+    node_of = _pack_groups(load, groups, nodes, rounds)
+    experts = _node_experts(node_of, groups, nodes, n)  # [L, N, E/N]
+
+    def sub(x: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(x[:, None, :].repeat(nodes, 1), experts, axis=2).reshape(layers * nodes, -1)
+
+    sub_w = np.tile(sub(load), (k, 1))
+    sub_h = np.concatenate([sub(h) for h in hedged])
+    local = solve_batch(sub_w, sub_h, ranks // nodes, slots, rounds).reshape(k, layers, nodes, -1)
+    return np.take_along_axis(np.broadcast_to(experts, (k, *experts.shape)), local, axis=3).reshape(k, layers, -1)
+
+
+def _layer_peaks(placement: np.ndarray, load: np.ndarray, ranks: int) -> np.ndarray:
+    """Peak rank load per layer ``[L]`` of ``placement [L, P]`` under ``load [L, E]``."""
+    from ascend_runtime.balancer.measure import rank_loads
+
+    return rank_loads(placement, load, ranks).max(axis=1)
+
+
 def place_from_scratch(
     load: np.ndarray,
     ranks: int,
@@ -387,21 +445,44 @@ def place_from_scratch(
     nodes: int | None = None,
     std: np.ndarray | None = None,
     config: PlacementConfig = PlacementConfig(),
+    holdout: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
-    """Placement ``[L, R*S]`` for forecast ``load [L, E]`` (and its ``std [L, E]``)."""
+    """Placement ``[L, R*S]`` for forecast ``load [L, E]`` (and its ``std [L, E]``).
+
+    ``holdout = (mean, std, window)``: the forecast made one window earlier and
+    the window that then arrived (see :class:`~ascend_runtime.balancer.forecast.Forecast`).
+    With it and ``std``, each hedge in ``config.hedges`` is planned on the earlier
+    forecast and scored on that window; the hedge whose plans had the lowest
+    peak rank load there (summed over layers) is used for the plan returned.
+    Without it, ``config.hedge`` is used.
+    """
+    return _scratch(load, ranks, slots, groups, nodes, std, config, holdout)[0]
+
+
+def _scratch(
+    load: np.ndarray,
+    ranks: int,
+    slots: int,
+    groups: int | None,
+    nodes: int | None,
+    std: np.ndarray | None,
+    config: PlacementConfig,
+    holdout: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+) -> tuple[np.ndarray, float]:
+    """:func:`place_from_scratch` and the hedge it used."""
     load = np.maximum(np.asarray(load, dtype=np.float64), 0.0)
     _check(load, ranks, slots, groups, nodes)
-    hedged = load + config.hedge * (np.zeros_like(load) if std is None else np.asarray(std))
-    layers, n = load.shape
-    if not (groups and nodes) or nodes == 1:
-        return solve_batch(load, hedged, ranks, slots, config.max_swap_rounds).reshape(layers, -1)
-    node_of = _pack_groups(load, groups, nodes, config.max_swap_rounds)
-    experts = _node_experts(node_of, groups, nodes, n)  # [L, N, E/N]
-    sub_w = np.take_along_axis(load[:, None, :].repeat(nodes, 1), experts, axis=2).reshape(layers * nodes, -1)
-    sub_h = np.take_along_axis(hedged[:, None, :].repeat(nodes, 1), experts, axis=2).reshape(layers * nodes, -1)
-    local = solve_batch(sub_w, sub_h, ranks // nodes, slots, config.max_swap_rounds)
-    local = local.reshape(layers, nodes, -1)
-    return np.take_along_axis(experts, local, axis=2).reshape(layers, -1)
+    sd = np.zeros_like(load) if std is None else np.asarray(std, dtype=np.float64)
+    hedges = [config.hedge]
+    if holdout is not None and std is not None and len(config.hedges) > 1:
+        h_mean, h_std, h_obs = (np.maximum(np.asarray(x, dtype=np.float64), 0.0) for x in holdout)
+        if h_mean.shape == load.shape and h_std.shape == load.shape and h_obs.shape == load.shape:
+            trial = _solve(h_mean, [h_mean + h * h_std for h in config.hedges], ranks, slots, groups, nodes,
+                           config.max_swap_rounds)
+            scores = [_layer_peaks(t, h_obs, ranks).sum() for t in trial]
+            hedges = [config.hedges[int(np.argmin(scores))]]
+    plan = _solve(load, [load + hedges[0] * sd], ranks, slots, groups, nodes, config.max_swap_rounds)[0]
+    return plan, hedges[0]
 
 
 def plan_placement(
@@ -413,15 +494,17 @@ def plan_placement(
     previous: np.ndarray | None = None,
     std: np.ndarray | None = None,
     config: PlacementConfig = PlacementConfig(),
+    holdout: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> PlacementResult:
     """Plan a placement for the next window.
 
     ``load [L, E]``: forecast tokens per expert; ``std [L, E]``: its expected
-    error (hedging); ``previous [L, R*S]``: the placement in service, or None.
+    error (hedging); ``previous [L, R*S]``: the placement in service, or None;
+    ``holdout``: see :func:`place_from_scratch`.
     """
     load = np.maximum(np.asarray(load, dtype=np.float64), 0.0)
     layers, n = load.shape
-    fresh = place_from_scratch(load, ranks, slots, groups, nodes, std, config)
+    fresh, hedge = _scratch(load, ranks, slots, groups, nodes, std, config, holdout)
     b_fresh = balancedness(fresh, load, ranks)
     if previous is None:
         return PlacementResult(fresh, b_fresh, None, 0, False, "scratch")
@@ -431,7 +514,7 @@ def plan_placement(
     b_prev = balancedness(previous, load, ranks)
     if b_fresh < b_prev * (1 + config.min_gain):
         return PlacementResult(previous.copy(), b_prev, b_prev, 0, True, "kept")
-    hedged = load + config.hedge * (np.zeros_like(load) if std is None else np.asarray(std))
+    hedged = load + hedge * (np.zeros_like(load) if std is None else np.asarray(std))
     prev3 = previous.reshape(layers, ranks, slots)
     fresh3 = fresh.reshape(layers, ranks, slots)
     hier = bool(groups and nodes and nodes > 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,9 @@ class Run:
 
 def run_stack(stack: str, config: dict[str, str] | None = None, secret_keys: list[str] | None = None) -> Run:
     """Run __main__.py for ``stack`` under mocks; returns what it registered (and any error)."""
+    # pytest-asyncio tests close their loops; Pulumi's runtime needs a current one.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
     mocks = RecordingMocks()
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
     pulumi_config.set_all_config(dict(config or {}), list(secret_keys or []))
@@ -96,4 +100,6 @@ def run_stack(stack: str, config: dict[str, str] | None = None, secret_keys: lis
     finally:
         pulumi.export = original_export  # type: ignore[assignment]
         pulumi_config.set_all_config({}, [])
+        asyncio.set_event_loop(None)
+        loop.close()
     return result
