@@ -24,7 +24,9 @@ HardwareKind = Literal["atlas-800i-a2", "cm384"]
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    """One server kind; bandwidths in GB/s, memory in GiB per NPU device."""
+    """One server kind. Memory in GiB per NPU device; bandwidths in GB/s (10**9 bytes/s):
+    ``intra_node_gbps`` / ``inter_node_gbps`` are what one NPU device can send to peers
+    inside its node / on other nodes (its share of the fabric)."""
 
     kind: str
     display_name: str
@@ -60,8 +62,8 @@ ATLAS_800I_A2 = HardwareSpec(
     devices_per_node=8,
     chips_per_card=1,
     hbm_gib_per_device=64.0,
-    intra_node_gbps=392.0,
-    inter_node_gbps=50.0,
+    intra_node_gbps=392.0 / 8,  # full-mesh HCCS, 392 GB/s per node
+    inter_node_gbps=50.0 / 8,  # switched network, 50 GB/s per node
     super_pod_nodes=None,
     rank_table_version="1.0",
     server_hardware_type="800I-A2-64G",
@@ -78,8 +80,8 @@ CM384 = HardwareSpec(
     devices_per_node=16,
     chips_per_card=2,
     hbm_gib_per_device=64.0,
-    intra_node_gbps=392.0,
-    inter_node_gbps=392.0,
+    intra_node_gbps=392.0 / 2,  # UB, ~392 GB/s per 910C package of two dies, flat in the super pod
+    inter_node_gbps=392.0 / 2,
     super_pod_nodes=48,
     rank_table_version="1.2",
     server_hardware_type="Atlas-A3-SuperPoD",

@@ -25,9 +25,10 @@ class Forecast:
     std: np.ndarray
     alpha: float
     windows: int
-    #: ``(mean, std, window)``: the forecast made before the newest window, and that window
-    #: (tokens). Lets the planner pick its hedging by how plans fared on load it had not seen.
-    holdout: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    #: ``[(mean, std, window), ...]``, newest last: the forecasts made before each of the
+    #: last few windows, and that window (tokens). Lets the planner pick its hedging by how
+    #: plans fared on load they had not seen.
+    holdout: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
 
 class LoadForecaster:
@@ -38,7 +39,7 @@ class LoadForecaster:
     :data:`DEFAULT_ALPHAS` by one-step squared error is chosen.
     """
 
-    def __init__(self, alpha: float | None = None, error_decay: float = 0.3) -> None:
+    def __init__(self, alpha: float | None = None, error_decay: float = 0.3, holdouts: int = 3) -> None:
         self.alphas = (alpha,) if alpha is not None else DEFAULT_ALPHAS
         self.error_decay = error_decay
         self.windows = 0
@@ -46,7 +47,8 @@ class LoadForecaster:
         self._state: np.ndarray | None = None  # [A, L, E] shares
         self._sqerr: np.ndarray | None = None  # [A, L, E] decayed squared error of shares
         self._score: np.ndarray | None = None  # [A] decayed total squared error
-        self._holdout: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.holdouts = holdouts
+        self._holdout: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def update(self, window: np.ndarray) -> None:
         """Fold one window ``[L, E]`` of token counts in. Empty windows are ignored."""
@@ -58,7 +60,7 @@ class LoadForecaster:
         tokens = float(totals.mean())
         if self.windows >= 2:
             before = self.forecast()
-            self._holdout = (before.mean, before.std, window.copy())
+            self._holdout = [*self._holdout, (before.mean, before.std, window.copy())][-self.holdouts :]
         alphas = np.asarray(self.alphas)[:, None, None]
         if self._state is None:
             self._state = np.broadcast_to(share, (len(self.alphas), *share.shape)).copy()
@@ -81,4 +83,4 @@ class LoadForecaster:
         best = int(np.argmin(self._score)) if self.windows > 1 else 0
         mean = self._state[best] * self.scale
         std = np.sqrt(self._sqerr[best]) * self.scale
-        return Forecast(mean=mean, std=std, alpha=float(self.alphas[best]), windows=self.windows, holdout=self._holdout)
+        return Forecast(mean=mean, std=std, alpha=float(self.alphas[best]), windows=self.windows, holdout=list(self._holdout) or None)

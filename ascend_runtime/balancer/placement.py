@@ -430,6 +430,19 @@ def _solve(
     return np.take_along_axis(np.broadcast_to(experts, (k, *experts.shape)), local, axis=3).reshape(k, layers, -1)
 
 
+def _holdout_pairs(holdout, shape: tuple[int, ...]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Normalise ``holdout`` (one ``(mean, std, window)`` or a list of them) and drop malformed ones."""
+    if holdout is None or len(holdout) == 0:
+        return []
+    items = [holdout] if isinstance(holdout[0], np.ndarray) and np.ndim(holdout[0]) == 2 else list(holdout)
+    out = []
+    for item in items:
+        arrs = tuple(np.maximum(np.asarray(x, dtype=np.float64), 0.0) for x in item)
+        if len(arrs) == 3 and all(a.shape == shape for a in arrs) and (arrs[2].sum(axis=1) > 0).all():
+            out.append(arrs)
+    return out
+
+
 def _layer_peaks(placement: np.ndarray, load: np.ndarray, ranks: int) -> np.ndarray:
     """Peak rank load per layer ``[L]`` of ``placement [L, P]`` under ``load [L, E]``."""
     from ascend_runtime.balancer.measure import rank_loads
@@ -445,15 +458,15 @@ def place_from_scratch(
     nodes: int | None = None,
     std: np.ndarray | None = None,
     config: PlacementConfig = PlacementConfig(),
-    holdout: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    holdout=None,
 ) -> np.ndarray:
     """Placement ``[L, R*S]`` for forecast ``load [L, E]`` (and its ``std [L, E]``).
 
-    ``holdout = (mean, std, window)``: the forecast made one window earlier and
-    the window that then arrived (see :class:`~ascend_runtime.balancer.forecast.Forecast`).
-    With it and ``std``, each hedge in ``config.hedges`` is planned on the earlier
-    forecast and scored on that window; the hedge whose plans had the lowest
-    peak rank load there (summed over layers) is used for the plan returned.
+    ``holdout``: ``[(mean, std, window), ...]`` (or one such triple), forecasts made
+    before recent windows and the windows that then arrived (``Forecast.holdout``).
+    With it and ``std``, each hedge in ``config.hedges`` is planned on each earlier
+    forecast and scored on the window that followed; the hedge whose plans had the
+    lowest peak rank load there (summed over layers and windows) is used.
     Without it, ``config.hedge`` is used.
     """
     return _scratch(load, ranks, slots, groups, nodes, std, config, holdout)[0]
@@ -467,20 +480,22 @@ def _scratch(
     nodes: int | None,
     std: np.ndarray | None,
     config: PlacementConfig,
-    holdout: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+    holdout,
 ) -> tuple[np.ndarray, float]:
     """:func:`place_from_scratch` and the hedge it used."""
     load = np.maximum(np.asarray(load, dtype=np.float64), 0.0)
     _check(load, ranks, slots, groups, nodes)
     sd = np.zeros_like(load) if std is None else np.asarray(std, dtype=np.float64)
     hedges = [config.hedge]
-    if holdout is not None and std is not None and len(config.hedges) > 1:
-        h_mean, h_std, h_obs = (np.maximum(np.asarray(x, dtype=np.float64), 0.0) for x in holdout)
-        if h_mean.shape == load.shape and h_std.shape == load.shape and h_obs.shape == load.shape:
+    pairs = _holdout_pairs(holdout, load.shape)
+    if pairs and std is not None and len(config.hedges) > 1:
+        scores = np.zeros(len(config.hedges))
+        for h_mean, h_std, h_obs in pairs:
             trial = _solve(h_mean, [h_mean + h * h_std for h in config.hedges], ranks, slots, groups, nodes,
                            config.max_swap_rounds)
-            scores = [_layer_peaks(t, h_obs, ranks).sum() for t in trial]
-            hedges = [config.hedges[int(np.argmin(scores))]]
+            peaks = np.array([_layer_peaks(t, h_obs, ranks).sum() for t in trial])
+            scores += peaks / h_obs.sum(axis=1).mean()  # windows weigh alike whatever their token count
+        hedges = [config.hedges[int(np.argmin(scores))]]
     plan = _solve(load, [load + hedges[0] * sd], ranks, slots, groups, nodes, config.max_swap_rounds)[0]
     return plan, hedges[0]
 
@@ -494,7 +509,7 @@ def plan_placement(
     previous: np.ndarray | None = None,
     std: np.ndarray | None = None,
     config: PlacementConfig = PlacementConfig(),
-    holdout: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    holdout=None,
 ) -> PlacementResult:
     """Plan a placement for the next window.
 

@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Quantization = Literal["w8a8", "bf16"]
 
+#: Embeddings and LM head stay in BF16 whatever the quantisation.
+EMBEDDING_BYTES = 2.0
+
 #: Bytes per weight element by quantisation of the linear layers.
 WEIGHT_BYTES: dict[str, float] = {"w8a8": 1.0, "bf16": 2.0}
 
@@ -96,3 +99,20 @@ class ModelShape(BaseModel):
     def weight_bytes_per_param(self) -> float:
         """Bytes per quantised linear-layer weight."""
         return WEIGHT_BYTES[self.quantization]
+
+    def weight_bytes_per_npu(self, tp: int, ep: int, redundant_experts: int = 0, mtp: bool = False) -> float:
+        """Weight bytes resident on one NPU of an instance sharded ``tp`` x ``ep``.
+
+        Non-expert linear layers (attention, dense FFN, shared experts, router) / tp
+        x bytes per weight, plus embeddings and LM head / tp in BF16, plus the routed
+        expert slots of one rank: (experts + redundant) / ep per MoE layer (MoE layers
+        and the MTP layer when on) x params per expert x bytes per weight; with ep == 1
+        the experts are split by tp instead.
+        """
+        wbytes = self.weight_bytes_per_param
+        moe_layers = self.num_moe_layers + (self.num_mtp_layers if mtp else 0)
+        slots = self.num_routed_experts + redundant_experts
+        expert_bytes = moe_layers * self.params_per_expert * wbytes
+        experts = (slots // ep) * expert_bytes if ep > 1 else slots * expert_bytes / tp
+        non_expert = self.non_expert_linear_params(with_mtp=mtp) * wbytes + self.embedding_params * EMBEDDING_BYTES
+        return experts + non_expert / tp

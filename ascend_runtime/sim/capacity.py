@@ -1,7 +1,6 @@
 """HBM budget of one NPU: weights resident and KV cache capacity (tokens).
 
-weights/NPU = expert slots/rank x MoE layers x expert params x bytes/param
-            + (non-expert linear params x bytes/param + embeddings in BF16) / TP
+weights/NPU = ModelShape.weight_bytes_per_npu (the planner's formula)
 KV tokens per DP rank = (HBM x gpu_memory_utilization - weights/NPU) / KV bytes per token
 (MLA's latent cache is replicated over TP ranks, so TP does not multiply it).
 """
@@ -13,12 +12,7 @@ from ascend_runtime.sim.config import SimConfig
 
 def weight_bytes_per_npu(cfg: SimConfig) -> float:
     """Weight bytes resident on one NPU of a resolved config."""
-    m = cfg.model_shape()
-    bpp = m.weight_bytes_per_param
-    moe_layers = m.num_moe_layers + (m.num_mtp_layers if cfg.mtp else 0)
-    experts = cfg.slots_per_rank * moe_layers * m.params_per_expert * bpp
-    rest = m.non_expert_linear_params(with_mtp=cfg.mtp) * bpp + m.embedding_params * 2
-    return experts + rest / int(cfg.tp or 1)
+    return cfg.model_shape().weight_bytes_per_npu(int(cfg.tp or 1), int(cfg.ep or 1), cfg.redundant_experts, cfg.mtp)
 
 
 def kv_capacity_tokens(cfg: SimConfig) -> int:

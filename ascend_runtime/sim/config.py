@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ascend_runtime.config.model import ModelShape
+from ascend_runtime.hardware import CATALOGUE, HardwareSpec
 
 Role = Literal["prefill", "decode"]
 HardwareName = Literal["atlas-800i-a2", "cm384"]
@@ -40,30 +41,31 @@ class HardwareProfile:
     default_link_gbps: float
 
 
-HARDWARE: dict[str, HardwareProfile] = {
-    # Atlas 800I A2: 8 x 910B, 64 GB HBM; HCCS 392 GB/s per node; 50 GB/s per node between nodes.
-    "atlas-800i-a2": HardwareProfile(
-        name="atlas-800i-a2",
-        npus_per_node=8,
-        hbm_bytes=64e9,
-        hbm_bandwidth=1.6e12,
-        flops=300e12,
-        intra_node_bandwidth=392e9 / 8,
-        inter_node_bandwidth=50e9 / 8,
-        default_link_gbps=50 * 8,
-    ),
-    # CloudMatrix 384: 48 servers x 16 dies; Unified Bus ~392 GB/s per 910C (2 dies), flat in the supernode.
-    "cm384": HardwareProfile(
-        name="cm384",
-        npus_per_node=16,
-        hbm_bytes=64e9,
-        hbm_bandwidth=1.6e12,
-        flops=376e12,
-        intra_node_bandwidth=392e9 / 2,
-        inter_node_bandwidth=392e9 / 2,
-        default_link_gbps=392 / 2 * 8,
-    ),
+#: Figures the timing model needs beyond the catalogue (calibrated constants absorb their error):
+#: kind -> (HBM bytes/s per device, dense FLOP/s per device, default PD KV link in Gbit/s).
+#: The KV link: A2 moves KV over the node's 50 GB/s network; CM384 over one die's UB share (196 GB/s).
+_COMPUTE: dict[str, tuple[float, float, float]] = {
+    "atlas-800i-a2": (1.6e12, 300e12, 50 * 8),
+    "cm384": (1.6e12, 376e12, 392 / 2 * 8),
 }
+
+
+def _profile(spec: HardwareSpec) -> HardwareProfile:
+    """The simulator's view of one catalogue entry (ascend_runtime.hardware)."""
+    hbm_bandwidth, flops, link_gbps = _COMPUTE[spec.kind]
+    return HardwareProfile(
+        name=spec.kind,
+        npus_per_node=spec.devices_per_node,
+        hbm_bytes=spec.hbm_gib_per_device * 2**30,
+        hbm_bandwidth=hbm_bandwidth,
+        flops=flops,
+        intra_node_bandwidth=spec.intra_node_gbps * 1e9,
+        inter_node_bandwidth=spec.inter_node_gbps * 1e9,
+        default_link_gbps=link_gbps,
+    )
+
+
+HARDWARE: dict[str, HardwareProfile] = {kind: _profile(spec) for kind, spec in CATALOGUE.items()}
 
 
 @dataclass(frozen=True)
