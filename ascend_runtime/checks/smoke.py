@@ -19,6 +19,8 @@ Built-in items:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import asyncio
 import json
 import time
@@ -289,27 +291,36 @@ def failing_item(name: str, reason: str) -> CheckItem:
     return CheckItem(name, fn)
 
 
-def plan_instances(stack: str) -> list[Instance]:
-    """Instances of the stack's Plan via ``ascend_runtime.planner.load_plan`` (imported lazily; raises)."""
-    from ascend_runtime.planner import load_plan  # noqa: PLC0415 - the planner is optional at import time
-
-    plan = load_plan(stack)
-    return [Instance(name=str(i.name), url=str(i.api_url), role=getattr(i, "role", None)) for i in plan.instances]
+def plan_instances(stack: str, stacks_dir: str | None = None) -> list[Instance]:
+    """Instances of the stack's Plan (raises the planner's ConfigError)."""
+    return [Instance(name=i.name, url=i.api_url, role=i.role) for i in _load_plan(stack, stacks_dir).instances]
 
 
-def stack_items(stack: str) -> tuple[list[Instance], list[CheckItem]]:
-    """Instances and items for ``--stack``; a Plan that cannot be loaded becomes one failing item."""
+def _load_plan(stack: str, stacks_dir: str | None):  # noqa: ANN202 - Plan, imported lazily
+    from ascend_runtime.planner import load_plan  # noqa: PLC0415 - checks stay importable without a stack
+
+    return load_plan(stack, stacks_dir)
+
+
+def stack_items(
+    stack: str, stacks_dir: str | None = None, rendered_dir: Path | None = None
+) -> tuple[list[Instance], list[CheckItem]]:
+    """Instances and items for ``--stack``: the Plan, each instance, rank tables and launch files.
+
+    A Plan that cannot be loaded becomes one failing item, never a skip.
+    """
+    from ascend_runtime.checks.plan_files import plan_file_items  # noqa: PLC0415 - imports this module
+
     try:
-        instances = plan_instances(stack)
-    except ImportError as exc:
-        return [], [failing_item(f"plan {stack}", f"ascend_runtime.planner.load_plan not importable: {exc}")]
+        plan = _load_plan(stack, stacks_dir)
     except Exception as exc:  # noqa: BLE001 - any planner error is reported as the item's failure
         return [], [failing_item(f"plan {stack}", f"load_plan({stack!r}) failed: {type(exc).__name__}: {exc}")]
+    instances = [Instance(name=i.name, url=i.api_url, role=i.role) for i in plan.instances]
     if not instances:
         return [], [failing_item(f"plan {stack}", "the plan has no instances")]
     roles = sorted({i.role or "?" for i in instances})
     ok = CheckItem(f"plan {stack}", _const(f"{len(instances)} instances, roles {', '.join(roles)}"))
-    return instances, [ok, *instance_items(instances)]
+    return instances, [ok, *instance_items(instances), *plan_file_items(plan, rendered_dir)]
 
 
 def _const(detail: str) -> CheckFn:
@@ -347,6 +358,8 @@ async def run_smoke(
     instances: Sequence[Instance] = (),
     *,
     stack: str | None = None,
+    stacks_dir: str | None = None,
+    rendered_dir: Path | None = None,
     timeout_s: float = 30.0,
     model: str | None = None,
     require_pd: bool = True,
@@ -362,7 +375,7 @@ async def run_smoke(
     items = proxy_items()
     insts = list(instances)
     if stack is not None:
-        plan_insts, plan_items = stack_items(stack)
+        plan_insts, plan_items = stack_items(stack, stacks_dir, rendered_dir)
         insts.extend(plan_insts)
         items.extend(plan_items)
     elif insts:

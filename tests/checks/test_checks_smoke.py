@@ -71,30 +71,51 @@ async def test_extra_items_plug_in_and_exceptions_become_failures(fake) -> None:
     assert [(i.name, i.detail) for i in report.failures] == [("rank tables", "RuntimeError: rank table mismatch")]
 
 
-async def test_stack_uses_the_plan_and_an_unloadable_plan_fails(fake, monkeypatch) -> None:
-    import ascend_runtime.planner as planner
+def _plan_at(url: str):
+    """The local stack's real Plan with every instance's API pointed at the fake."""
+    import dataclasses
+    from urllib.parse import urlsplit
 
-    plan = types.SimpleNamespace(instances=[
-        types.SimpleNamespace(name="prefill-0", role="prefill", api_url=fake.url),
-        types.SimpleNamespace(name="decode-0", role="decode", api_url=fake.url),
-    ])
-    monkeypatch.setattr(planner, "load_plan", lambda name: plan)
+    from ascend_runtime.planner import load_plan
+
+    parts = urlsplit(url)
+    plan = load_plan("local")
+    insts = tuple(dataclasses.replace(i, api_host=parts.hostname, api_port=parts.port) for i in plan.instances)
+    return dataclasses.replace(plan, instances=insts)
+
+
+async def test_stack_checks_instances_rank_tables_and_launch_files(fake, monkeypatch, tmp_path) -> None:
+    from ascend_runtime.checks import smoke as smoke_module
+    from ascend_runtime.render.artifacts import render_artifacts, write_artifacts
+
+    plan = _plan_at(fake.url)
+    monkeypatch.setattr(smoke_module, "_load_plan", lambda stack, stacks_dir: plan)
     report = await run_smoke(fake.url, stack="local", timeout_s=5)
     assert report.passed, [i.line() for i in report.failures]
-    assert "instance decode-0 (decode) GET /health" in [i.name for i in report.items]
+    names = [i.name for i in report.items]
+    assert "instance decode-1 (decode) GET /health" in names
+    assert "rank tables consistent with the Plan" in names and "launch files consistent with the Plan" in names
 
-    def broken(name):
-        raise FileNotFoundError(f"no stack {name}")
+    rendered = tmp_path / "rendered"
+    write_artifacts(render_artifacts(plan), rendered)
+    report = await run_smoke(fake.url, stack="local", rendered_dir=rendered, timeout_s=5)
+    assert report.passed, [i.line() for i in report.failures]
+    table = rendered / "ranktables" / "hccl-decode-1.json"
+    table.write_text(table.read_text().replace('"rank_id": "3"', '"rank_id": "33"'))
+    (rendered / "launch" / "prefill-0-rank1.sh").unlink()
+    report = await run_smoke(fake.url, stack="local", rendered_dir=rendered, timeout_s=5)
+    failed = {i.name: i.detail for i in report.failures}
+    assert set(failed) == {f"rank tables consistent with the Plan in {rendered}", f"launch files consistent with the Plan in {rendered}"}
+    tables_detail = failed[f"rank tables consistent with the Plan in {rendered}"]
+    scripts_detail = failed[f"launch files consistent with the Plan in {rendered}"]
+    assert "differing ['ranktables/hccl-decode-1.json']" in tables_detail and "launch" not in tables_detail
+    assert "missing ['launch/prefill-0-rank1.sh']" in scripts_detail
 
-    monkeypatch.setattr(planner, "load_plan", broken)
+
+async def test_an_unloadable_plan_is_a_failed_item(fake) -> None:
     report = await run_smoke(fake.url, stack="nope", timeout_s=5)
     assert [i.name for i in report.failures] == ["plan nope"]
-    assert "FileNotFoundError: no stack nope" in report.failures[0].detail
-
-    monkeypatch.delattr(planner, "load_plan")
-    report = await run_smoke(fake.url, stack="local", timeout_s=5)
-    assert [i.name for i in report.failures] == ["plan local"]
-    assert "not importable" in report.failures[0].detail
+    assert "no stack named 'nope'" in report.failures[0].detail
 
 
 def test_cli_smoke_exit_codes_and_lines(threaded_fake, capsys, tmp_path) -> None:

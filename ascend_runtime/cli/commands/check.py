@@ -20,7 +20,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     smoke = sub.add_parser("smoke", help="health, models, chat and completion (stream and not) through the PD proxy")
     smoke.add_argument("--endpoint", required=True, help="proxy base URL, e.g. http://127.0.0.1:8000")
-    smoke.add_argument("--stack", help="also check every instance of this stack's Plan")
+    smoke.add_argument("--stack", help="also check every instance of this stack's Plan, its rank tables and launch files")
+    smoke.add_argument("--stacks-dir", help="stacks directory for --stack (default: the project's stacks/)")
+    smoke.add_argument("--rendered", type=Path, metavar="DIR",
+                       help="with --stack: deployed rank tables and launch scripts (render output or mounted ConfigMaps) "
+                       "must equal what the Plan renders")
     smoke.add_argument("--timeout-s", type=float, default=30.0, help="per-item timeout in seconds (default 30)")
     smoke.add_argument("--model", help="model name (default: first of /v1/models)")
     smoke.add_argument("--no-pd", action="store_true", help="do not require the proxy's x-prefill/x-decode-instance headers")
@@ -68,7 +72,7 @@ def _smoke(args: argparse.Namespace) -> int:
     try:
         report = asyncio.run(
             run_smoke(
-                args.endpoint, stack=args.stack, timeout_s=args.timeout_s, model=args.model, require_pd=not args.no_pd
+                args.endpoint, stack=args.stack, stacks_dir=args.stacks_dir, rendered_dir=args.rendered, timeout_s=args.timeout_s, model=args.model, require_pd=not args.no_pd
             )
         )
     except EndpointError as exc:
