@@ -72,9 +72,12 @@ def water_fill(weight: np.ndarray, total: int, cap: int) -> np.ndarray:
     counts = np.ones((rows, n), dtype=np.int64)
     row = np.arange(rows)
     w = np.maximum(weight, 0.0) + 1e-12
+    ratio = w.copy() if cap > 1 else np.full_like(w, -np.inf)
     for _ in range(total - n):
-        ratio = np.where(counts < cap, w / counts, -np.inf)
-        counts[row, ratio.argmax(axis=1)] += 1
+        best = ratio.argmax(axis=1)
+        c = counts[row, best] + 1
+        counts[row, best] = c
+        ratio[row, best] = np.where(c < cap, w[row, best] / c, -np.inf)
     return counts
 
 
@@ -150,7 +153,6 @@ def refine_swaps(
     n = per.shape[1]
     w = np.take_along_axis(per, ids.reshape(rows, -1), axis=1).reshape(rows, ranks, slots)
     loads = w.sum(axis=2)
-    has = _presence(ids, n) > 0
     rank_of = np.repeat(np.arange(ranks), slots)  # [P]
     active = np.arange(rows)
     if target is not None:
@@ -171,8 +173,10 @@ def refine_swaps(
         d = xa[:, :, None] - wf[:, None, :]  # [b, S, P]
         gain = la[:, None, None] - np.maximum(la[:, None, None] - d, lb[:, None, :] + d)
         bad = (rank_of[None, :] == a[:, None])[:, None, :]
-        bad = bad | has[active[:, None, None], rank_of[None, None, :], xid[:, :, None]]
-        bad = bad | has[active, a][ar[:, None], idf][:, None, :]
+        # x (on rank a) already on the other rank / y (elsewhere) already on rank a: the swap would duplicate
+        x_there = (ids[active][:, None, :, :] == xid[:, :, None, None]).any(axis=3)  # [b, S, R]
+        y_here = (idf[:, :, None] == xid[:, None, :]).any(axis=2)  # [b, P]
+        bad = bad | x_there[:, :, rank_of] | y_here[:, None, :]
         gain = np.where(bad, -np.inf, gain)
         flat = gain.reshape(b, -1).argmax(axis=1)
         g = gain.reshape(b, -1)[ar, flat]
@@ -189,8 +193,6 @@ def refine_swaps(
         w[sel, ra, i], w[sel, rb, sb] = wy, wx
         loads[sel, ra] += wy - wx
         loads[sel, rb] += wx - wy
-        has[sel, ra, x], has[sel, rb, y] = False, False
-        has[sel, ra, y], has[sel, rb, x] = True, True
         active = sel
         if target is not None:
             active = active[loads[active].max(axis=1) > target[active] * (1 + 1e-12)]
@@ -399,35 +401,48 @@ def _check(load: np.ndarray, ranks: int, slots: int, groups: int | None, nodes: 
 
 
 def _solve(
-    load: np.ndarray,
-    hedged: list[np.ndarray],
+    problems: list[tuple[np.ndarray, list[np.ndarray]]],
     ranks: int,
     slots: int,
     groups: int | None,
     nodes: int | None,
     rounds: int,
-) -> np.ndarray:
-    """Placements ``[K, L, R*S]``, one per hedged load in ``hedged`` (K of ``[L, E]``), in one batch.
+) -> list[np.ndarray]:
+    """Solve all ``(load [L, E], [hedged [L, E], ...])`` problems in one batch.
 
-    Packing uses ``load``; the hedged loads only size the replicas. Hierarchical:
-    one group -> node assignment (from ``load``) shared by all K.
+    Returns, per problem, placements ``[K, L, R*S]`` (one per hedged load).
+    Packing uses the load; the hedged loads only size the replicas.
+    Hierarchical: one group -> node assignment per problem, from its load.
     """
-    layers, n = load.shape
-    k = len(hedged)
-    if not (groups and nodes) or nodes == 1:
-        w = np.broadcast_to(load, (k, layers, n)).reshape(k * layers, n)
-        out = solve_batch(w, np.concatenate(hedged), ranks, slots, rounds)
-        return out.reshape(k, layers, -1)
-    node_of = _pack_groups(load, groups, nodes, rounds)
-    experts = _node_experts(node_of, groups, nodes, n)  # [L, N, E/N]
+    layers, n = problems[0][0].shape
+    hier = bool(groups and nodes and nodes > 1)
+    sub_w, sub_h, maps = [], [], []
+    for load, hedged in problems:
+        if not hier:
+            sub_w.append(np.tile(load, (len(hedged), 1)))
+            sub_h.extend(hedged)
+            continue
+        node_of = _pack_groups(load, groups, nodes, rounds)
+        experts = _node_experts(node_of, groups, nodes, n)  # [L, N, E/N]
 
-    def sub(x: np.ndarray) -> np.ndarray:
-        return np.take_along_axis(x[:, None, :].repeat(nodes, 1), experts, axis=2).reshape(layers * nodes, -1)
+        def sub(x: np.ndarray) -> np.ndarray:
+            return np.take_along_axis(x[:, None, :].repeat(nodes, 1), experts, axis=2).reshape(layers * nodes, -1)
 
-    sub_w = np.tile(sub(load), (k, 1))
-    sub_h = np.concatenate([sub(h) for h in hedged])
-    local = solve_batch(sub_w, sub_h, ranks // nodes, slots, rounds).reshape(k, layers, nodes, -1)
-    return np.take_along_axis(np.broadcast_to(experts, (k, *experts.shape)), local, axis=3).reshape(k, layers, -1)
+        sub_w.append(np.tile(sub(load), (len(hedged), 1)))
+        sub_h.extend(sub(h) for h in hedged)
+        maps.append(experts)
+    r = ranks // nodes if hier else ranks
+    local = solve_batch(np.concatenate(sub_w), np.concatenate(sub_h), r, slots, rounds)
+    out, at = [], 0
+    for i, (_, hedged) in enumerate(problems):
+        k = len(hedged)
+        part = local[at : at + k * (local.shape[0] // sum(len(h) for _, h in problems))]
+        at += part.shape[0]
+        if hier:
+            part = part.reshape(k, layers, nodes, -1)
+            part = np.take_along_axis(np.broadcast_to(maps[i], (k, *maps[i].shape)), part, axis=3)
+        out.append(part.reshape(k, layers, -1))
+    return out
 
 
 def _holdout_pairs(holdout, shape: tuple[int, ...]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -489,14 +504,14 @@ def _scratch(
     hedges = [config.hedge]
     pairs = _holdout_pairs(holdout, load.shape)
     if pairs and std is not None and len(config.hedges) > 1:
+        problems = [(h_mean, [h_mean + h * h_std for h in config.hedges]) for h_mean, h_std, _ in pairs]
+        trials = _solve(problems, ranks, slots, groups, nodes, config.max_swap_rounds)
         scores = np.zeros(len(config.hedges))
-        for h_mean, h_std, h_obs in pairs:
-            trial = _solve(h_mean, [h_mean + h * h_std for h in config.hedges], ranks, slots, groups, nodes,
-                           config.max_swap_rounds)
+        for trial, (_, _, h_obs) in zip(trials, pairs):
             peaks = np.array([_layer_peaks(t, h_obs, ranks).sum() for t in trial])
             scores += peaks / h_obs.sum(axis=1).mean()  # windows weigh alike whatever their token count
         hedges = [config.hedges[int(np.argmin(scores))]]
-    plan = _solve(load, [load + hedges[0] * sd], ranks, slots, groups, nodes, config.max_swap_rounds)[0]
+    plan = _solve([(load, [load + hedges[0] * sd])], ranks, slots, groups, nodes, config.max_swap_rounds)[0][0]
     return plan, hedges[0]
 
 

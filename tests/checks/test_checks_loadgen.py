@@ -97,3 +97,31 @@ async def test_slo_goodput_from_a_full_run(fake) -> None:
                            slo=SLO(ttft_ms=20), progress=False)
     d = (await run_throughput(cfg)).to_dict()
     assert d["completed"] == 4 and d["request_goodput"] == 0.0
+
+
+async def test_metrics_within_two_percent_of_a_fixed_schedule_in_another_process() -> None:
+    """The server in its own process writes the first token X after arrival, then one every Y (absolute
+    deadlines); TTFT, TPOT and ITL measured by the load generator are within 2% of X and Y."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    x, y, n_out = 0.300, 0.040, 16
+    root = Path(__file__).resolve().parents[2]
+    server = subprocess.Popen([sys.executable, "-m", "tests.checks.fixed_timing_server", str(x), str(y)],
+                              cwd=root, stdout=subprocess.PIPE, text=True)
+    try:
+        url = server.stdout.readline().strip()
+        cfg = ThroughputConfig(endpoint=url, input_len=20, output_len=n_out, num_prompts=8, concurrency=8,
+                               progress=False)
+        d = (await run_throughput(cfg)).to_dict()
+    finally:
+        server.kill()
+        server.wait()
+    assert d["completed"] == 8 and d["failed"] == 0, d["errors"]
+    assert _within(d["mean_ttft_ms"], x), d["mean_ttft_ms"]
+    assert _within(d["median_ttft_ms"], x), d["median_ttft_ms"]
+    assert _within(d["mean_tpot_ms"], y), d["mean_tpot_ms"]
+    assert _within(d["mean_itl_ms"], y), d["mean_itl_ms"]
+    assert _within(d["median_itl_ms"], y), d["median_itl_ms"]
+    assert _within(d["mean_e2el_ms"], x + (n_out - 1) * y), d["mean_e2el_ms"]
