@@ -106,7 +106,7 @@ async def test_metrics_within_two_percent_of_a_fixed_schedule_in_another_process
     import sys
     from pathlib import Path
 
-    x, y, n_out = 0.300, 0.040, 16
+    x, y, n_out = 0.500, 0.040, 16
     root = Path(__file__).resolve().parents[2]
     server = subprocess.Popen([sys.executable, "-m", "tests.checks.fixed_timing_server", str(x), str(y)],
                               cwd=root, stdout=subprocess.PIPE, text=True)
