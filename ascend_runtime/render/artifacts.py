@@ -1,13 +1,12 @@
 """Every file of ``ascend-deploy render`` as ``{relative_path: text}``, and writing them.
 
 Layout: ``plan.json``, ``ranktables/<table>.json``, ``hccn/<node>.conf``,
-``launch/<instance>-rank<k>.sh``, ``DEPLOYMENT.md``; the Pulumi program adds
-``manifests/`` through :func:`extra_files` (see docs/rendering.md).
+``launch/<instance>-rank<k>.sh``, ``DEPLOYMENT.md``, and ``manifests/`` from the
+Pulumi program's object builders (:func:`extra_files`).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from pathlib import Path
@@ -16,11 +15,6 @@ from ascend_runtime.config.inventory import Inventory
 from ascend_runtime.planner.plan import Plan
 from ascend_runtime.render.launch import deployment_sheet, hccn_conf, launch_script
 from ascend_runtime.render.ranktables import rank_tables
-
-#: Optional providers of more files: (module, function, directory prefix). Each function
-#: takes the Plan and returns {path relative to the prefix: text}.
-HOOKS: tuple[tuple[str, str, str], ...] = (("ascend_runtime.deploy.manifests", "manifest_files", "manifests/"),)
-
 
 def render_artifacts(plan: Plan, inventory: Inventory | None = None) -> dict[str, str]:
     """The render output of a Plan, sorted by path; pure and deterministic.
@@ -38,19 +32,10 @@ def render_artifacts(plan: Plan, inventory: Inventory | None = None) -> dict[str
 
 
 def extra_files(plan: Plan) -> dict[str, str]:
-    """Files of the optional hooks; a hook whose module does not exist yet is skipped."""
-    files: dict[str, str] = {}
-    for module_name, function, prefix in HOOKS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue
-            raise
-        for path, text in getattr(module, function)(plan).items():
-            rel = path if path.startswith(prefix) else prefix + path
-            files[rel] = text
-    return dict(sorted(files.items()))
+    """``manifests/``: exactly the Kubernetes objects the Pulumi program registers (empty for local stacks)."""
+    from ascend_runtime.deploy.manifests import manifest_files  # noqa: PLC0415 - deploy imports render
+
+    return {f"manifests/{path}": text for path, text in sorted(manifest_files(plan).items())}
 
 
 def write_artifacts(files: dict[str, str], out_dir: str | os.PathLike[str]) -> list[Path]:

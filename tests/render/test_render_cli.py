@@ -64,15 +64,10 @@ def test_no_secret_is_written(plans: dict[str, Plan]) -> None:
             assert word not in blob, (name, word)
 
 
-def test_manifest_hook_is_optional_and_prefixed(plans: dict[str, Plan], monkeypatch: pytest.MonkeyPatch) -> None:
-    plan = plans["kind"]
-    monkeypatch.setitem(sys.modules, "ascend_runtime.deploy.manifests", None)  # import raises ModuleNotFoundError
-    with pytest.raises(ModuleNotFoundError):
-        import ascend_runtime.deploy.manifests  # noqa: F401
-    fake = types.ModuleType("ascend_runtime.deploy.manifests")
-    fake.manifest_files = lambda p: {"engine.yaml": f"# {p.stack}\n", "manifests/proxy.yaml": "x\n"}  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "ascend_runtime.deploy.manifests", fake)
-    assert extra_files(plan) == {"manifests/engine.yaml": "# kind\n", "manifests/proxy.yaml": "x\n"}
+def test_manifests_are_prefixed_and_absent_for_local(plans: dict[str, Plan]) -> None:
+    kind = extra_files(plans["kind"])
+    assert kind and all(path.startswith("manifests/") and path.endswith(".yaml") for path in kind)
+    assert extra_files(plans["local"]) == {}
 
 
 def test_invalid_stack_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

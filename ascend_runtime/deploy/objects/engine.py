@@ -40,7 +40,9 @@ from ascend_runtime.deploy.objects.common import (
     digest,
     metadata,
 )
+from ascend_runtime.cli.commands.sim import argv_from_config
 from ascend_runtime.planner.plan import InstancePlan, RankPlan
+from ascend_runtime.sim.from_plan import sim_config_from_plan
 
 #: Host paths the engine container needs (facts section 5); device nodes come from the device plugin.
 DRIVER_MOUNTS: tuple[tuple[str, str, str], ...] = (
@@ -162,17 +164,10 @@ def _volumes(ctx: Context, inst: InstancePlan, rank: RankPlan) -> tuple[list[dic
 
 def simulator_command(ctx: Context, inst: InstancePlan, rank: RankPlan) -> list[str]:
     """``ascend-deploy sim`` argv of a simulated leader (kind): the instance's shape and the stack's timing."""
-    stage, sim = ctx.plan.config[inst.role], ctx.plan.config["simulator"]
-    cmd = ["ascend-deploy", "sim", "--role", inst.role, "--instance", inst.name,
-           "--host", "0.0.0.0", "--port", str(inst.api_port), "--kv-port", str(rank.kv_port),
-           "--kv-host", "$(POD_IP)", "--hardware", ctx.plan.hardware,
-           "--npus", str(inst.npus), "--dp", str(inst.dp), "--tp", str(inst.tp), "--ep", str(inst.ep),
-           "--nodes", str(len(inst.ranks)), "--max-num-seqs", str(stage["max_num_seqs"]),
-           "--max-num-batched-tokens", str(stage["max_num_batched_tokens"]),
-           "--redundant-experts", str(inst.redundant_experts),
-           "--speedup", f"{sim['speedup']:g}", "--startup-delay", f"{sim['startup_delay_s']:g}",
-           "--link-gbps", f"{sim['link_gbps']:g}", "--model", ctx.plan.config["model"]["name"]]
-    return cmd + (["--mtp"] if stage["mtp"] else [])
+    config = sim_config_from_plan(ctx.plan, inst, bind_host="0.0.0.0").model_copy(
+        update={"kv_port": rank.kv_port, "kv_host": "$(POD_IP)"}
+    )
+    return ["ascend-deploy", "sim", *argv_from_config(config)]
 
 
 def _container(ctx: Context, inst: InstancePlan, rank: RankPlan) -> dict[str, Any]:

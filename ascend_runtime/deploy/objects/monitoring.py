@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import jinja2
+
+from ascend_runtime.render.paths import templates_dir
 
 from ascend_runtime.deploy.objects.common import (
     BALANCER_NAME,
@@ -18,8 +19,7 @@ from ascend_runtime.deploy.objects.common import (
     metadata,
 )
 
-TEMPLATES = Path(__file__).resolve().parents[3] / "templates"
-DASHBOARD_TEMPLATE = "grafana-dashboard.json.j2"
+DASHBOARD_TEMPLATE = "grafana-dashboard.json.j2"  # in templates_dir()
 COMPONENT = "monitoring"
 
 
@@ -30,7 +30,7 @@ def dashboard_json(ctx: Context) -> str:
     legends pass through untouched.
     """
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
         variable_start_string="[[", variable_end_string="]]",
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
     )
