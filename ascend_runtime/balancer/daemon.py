@@ -39,7 +39,7 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from ascend_runtime.balancer.apply import Applier, NoopApplier
+from ascend_runtime.balancer.apply import Applier
 from ascend_runtime.balancer.expert_map import map_to_placement, placement_to_map, validate_map
 from ascend_runtime.balancer.forecast import LoadForecaster
 from ascend_runtime.balancer.measure import balancedness

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ascend_runtime.balancer.measure import balancedness, moved_slots, replica_counts
+from ascend_runtime.balancer.measure import balancedness, moved_slots
 
 
 @dataclass(frozen=True)

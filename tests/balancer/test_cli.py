@@ -1,6 +1,5 @@
 import json
 
-import numpy as np
 
 from ascend_runtime.balancer.expert_map import validate_map
 from ascend_runtime.balancer.trace import synthetic_trace

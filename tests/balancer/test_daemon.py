@@ -4,7 +4,6 @@ import socket
 
 import aiohttp
 import numpy as np
-import pytest
 from aiohttp import web
 
 from ascend_runtime.balancer.apply import SimulatorApplier
