@@ -8,8 +8,10 @@ lognormal popularity; drift = per-window random-walk std of log-popularity;
 5% volatile experts). Planners see windows ``0..7`` and are scored on window
 8 (the *next* window). EPLB greedy is fed the last window, as it is used in
 practice; "greedy+fc" feeds it our forecast too, to separate forecasting from
-placement. Moves: our plan for window 8 made with the plan for window 7 in
-service, against a from-scratch plan for window 8.
+placement. Ours also gets ``Forecast.holdout`` (forecasts made before windows
+5, 6, 7 and those windows: observed data only) to choose its replica hedge.
+Moves: our plan for window 8 made with the plan for window 7 in service,
+against a from-scratch plan for window 8.
 """
 
 from __future__ import annotations

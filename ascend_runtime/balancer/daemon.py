@@ -199,7 +199,8 @@ class BalancerDaemon:
         else:
             fc = self.forecaster.forecast()
             previous = self.current if self.current is not None and self.current.shape[0] == fc.mean.shape[0] else None
-            result = plan_placement(fc.mean, cfg.ranks, cfg.slots, cfg.groups, cfg.nodes, previous, fc.std, cfg.placement)
+            result = plan_placement(fc.mean, cfg.ranks, cfg.slots, cfg.groups, cfg.nodes, previous, fc.std, cfg.placement,
+                                    holdout=fc.holdout)
             before = result.previous_balancedness if result.previous_balancedness is not None else float("nan")
             self.metrics.balancedness.labels("before").set(before)
             self.metrics.balancedness.labels("after").set(result.balancedness)

@@ -10,7 +10,10 @@ Algorithm (from scratch):
 
 1. replicas by water filling on a *hedged* load ``mean + hedge * std``: each
    redundant slot goes to the expert with the largest hedged load per replica,
-   at most ``R`` replicas (more could not sit on distinct ranks);
+   at most ``R`` replicas (more could not sit on distinct ranks); with a
+   ``holdout`` (forecasts made before recent observed windows, and those
+   windows), the hedge is the candidate whose plans had the lowest peak rank
+   load on the windows that followed them;
 2. LPT packing: replicas heaviest first into the lightest rank that has a free
    slot and does not already hold that expert;
 3. local search: swap one replica on the most loaded rank with one on another
@@ -19,13 +22,12 @@ Algorithm (from scratch):
 Hierarchical (``groups``, ``nodes``): expert groups are packed onto nodes (same
 LPT + swaps, ``G/N`` groups per node), then each node is solved as above.
 
-With a previous placement, an incremental candidate starts from it (changes
-only the replica counts that must change, then swaps until each layer is within
-``tolerance`` of the from-scratch peak) and the from-scratch candidate is
-relabelled onto the previous ranks; the one with fewer moved slots among those
-within ``tolerance`` wins. If even the best candidate beats the previous
-placement by less than ``min_gain`` (relative, on the forecast), the previous
-placement is kept unchanged.
+With a previous placement: kept whole unless the from-scratch plan gains
+``min_gain`` (relative, on the forecast). Otherwise each layer is, in order of
+preference, the previous layer (if within ``tolerance/2`` of the from-scratch
+layer's peak), an incremental repair of it (replica counts fixed, then swaps
+until within ``tolerance/2``), or the from-scratch layer relabelled (nodes, then
+ranks) for maximum overlap with the previous one.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ class PlacementConfig:
     """Tuning knobs; defaults are the ones the benchmark measured."""
 
     hedge: float = 1.0  # std multiples added to load when sizing replicas (no holdout)
-    hedges: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 3.0)  # candidates validated on the holdout window
+    hedges: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 3.0)  # candidates validated on the holdout windows
     max_swap_rounds: int = 400  # cap on local-search rounds per batch
+    trial_swap_rounds: int = 0  # local-search rounds of the holdout trials (they only rank hedges)
     tolerance: float = 0.01  # incremental result may trail from-scratch by this (relative)
     min_gain: float = 0.01  # keep previous placement unless balancedness improves this much (relative)
 
@@ -57,7 +60,7 @@ class PlacementResult:
     previous_balancedness: float | None
     moved_slots: int
     kept_previous: bool
-    strategy: str  # "scratch", "incremental", "relabelled", "kept"
+    strategy: str  # "scratch", "kept", "incremental" (no layer from scratch), "mixed", "relabelled" (all)
 
 
 # ---------------------------------------------------------------- building blocks
@@ -150,7 +153,6 @@ def refine_swaps(
     """
     ids = ids.copy()
     rows, ranks, slots = ids.shape
-    n = per.shape[1]
     w = np.take_along_axis(per, ids.reshape(rows, -1), axis=1).reshape(rows, ranks, slots)
     loads = w.sum(axis=2)
     rank_of = np.repeat(np.arange(ranks), slots)  # [P]
@@ -315,24 +317,29 @@ def align_slots(previous: np.ndarray, new: np.ndarray) -> np.ndarray:
 def relabel_ranks(previous: np.ndarray, new: np.ndarray, n: int, block: int | None = None) -> np.ndarray:
     """Permute the ranks of ``new [B, R, S]`` to maximise overlap with ``previous``.
 
-    Greedy maximum-overlap matching; with ``block`` ranks only move inside
-    aligned blocks of that many ranks (the nodes of a hierarchical placement).
+    Greedy maximum-overlap matching (largest overlaps first, over the nonzero
+    pairs only; unmatched ranks take the free labels in order); with ``block``
+    ranks only move inside aligned blocks of that many ranks (the nodes of a
+    hierarchical placement). ``n`` (experts) is kept for the call signature.
     """
     rows, ranks, slots = new.shape
     block = block or ranks
     out = new.copy()
-    pn, pp = _presence(new, n), _presence(previous, n)
     for start in range(0, ranks, block):
         sl = slice(start, start + block)
-        overlap = np.einsum("bre,bqe->brq", np.minimum(pn[:, sl], 1), np.minimum(pp[:, sl], 1)).astype(float)
-        dest = np.empty((rows, block), dtype=np.int64)
-        row = np.arange(rows)
-        for _ in range(block):
-            flat = overlap.reshape(rows, -1).argmax(axis=1)
-            r, q = np.divmod(flat, block)
-            dest[row, r] = q
-            overlap[row, r, :] = -1
-            overlap[row, :, q] = -1
+        a, b = new[:, sl], previous[:, sl]
+        overlap = (a[:, :, None, :, None] == b[:, None, :, None, :]).sum(axis=(3, 4))  # [B, block, block]
+        bi, ri, qi = np.nonzero(overlap)
+        order = np.lexsort((-overlap[bi, ri, qi], bi))
+        dest = np.full((rows, block), -1, dtype=np.int64)
+        taken = np.zeros((rows, block), dtype=bool)
+        for k in order.tolist():
+            row, r, q = bi[k], ri[k], qi[k]
+            if dest[row, r] < 0 and not taken[row, q]:
+                dest[row, r] = q
+                taken[row, q] = True
+        for row in np.nonzero((dest < 0).any(axis=1))[0]:
+            dest[row, dest[row] < 0] = np.nonzero(~taken[row])[0]
         np.put_along_axis(out[:, sl], dest[:, :, None].repeat(slots, 2), new[:, sl], axis=1)
     return out
 
@@ -425,7 +432,7 @@ def _solve(
         node_of = _pack_groups(load, groups, nodes, rounds)
         experts = _node_experts(node_of, groups, nodes, n)  # [L, N, E/N]
 
-        def sub(x: np.ndarray) -> np.ndarray:
+        def sub(x: np.ndarray, experts: np.ndarray = experts) -> np.ndarray:
             return np.take_along_axis(x[:, None, :].repeat(nodes, 1), experts, axis=2).reshape(layers * nodes, -1)
 
         sub_w.append(np.tile(sub(load), (len(hedged), 1)))
@@ -505,7 +512,7 @@ def _scratch(
     pairs = _holdout_pairs(holdout, load.shape)
     if pairs and std is not None and len(config.hedges) > 1:
         problems = [(h_mean, [h_mean + h * h_std for h in config.hedges]) for h_mean, h_std, _ in pairs]
-        trials = _solve(problems, ranks, slots, groups, nodes, config.max_swap_rounds)
+        trials = _solve(problems, ranks, slots, groups, nodes, config.trial_swap_rounds)
         scores = np.zeros(len(config.hedges))
         for trial, (_, _, h_obs) in zip(trials, pairs):
             peaks = np.array([_layer_peaks(t, h_obs, ranks).sum() for t in trial])
@@ -566,12 +573,28 @@ def plan_placement(
                 prev_local.reshape(layers * nodes, per_node, slots), sub_w, sub_h, target, config.max_swap_rounds
             )
             inc = np.take_along_axis(experts, local.reshape(layers, nodes, -1), axis=2).reshape(layers, ranks, slots)
+    # per layer: keep the previous layer if it is already near the fresh peak, else the incremental
+    # layer if it got there, else the fresh layer relabelled onto the previous nodes and ranks
+    limit = _peaks(fresh3, load) * target_slack * (1 + 1e-9)
+    keep = _peaks(prev3, load) <= limit
+    out = prev3.copy()
+    use_inc = np.zeros(layers, dtype=bool)
     if inc is not None:
-        flat = align_slots(prev3, inc).reshape(layers, -1)
-        b = balancedness(flat, load, ranks)
-        if b >= b_fresh * (1 - config.tolerance) and b >= b_prev * (1 + config.min_gain):
-            return PlacementResult(flat, b, b_prev, moved_slots(previous, flat, ranks, n), False, "incremental")
-    relabelled = relabel_ranks(prev3, fresh3, n, ranks // nodes if hier else None)
-    best = align_slots(prev3, relabelled).reshape(layers, -1)
-    best_b, best_moves, best_name = b_fresh, moved_slots(previous, best, ranks, n), "relabelled"
-    return PlacementResult(best, best_b, b_prev, best_moves, False, best_name)
+        inc = align_slots(prev3, inc)
+        use_inc = ~keep & (_peaks(inc, load) <= limit)
+        out[use_inc] = inc[use_inc]
+    todo = np.nonzero(~keep & ~use_inc)[0]
+    if todo.size:  # only these layers pay for relabelling (the matching is the costly part)
+        p3, f3 = prev3[todo], fresh3[todo]
+        if hier:
+            per_node = ranks // nodes
+            by_node = relabel_ranks(p3.reshape(todo.size, nodes, -1), f3.reshape(todo.size, nodes, -1), n)
+            f3 = relabel_ranks(p3, by_node.reshape(todo.size, ranks, slots), n, per_node)
+        else:
+            f3 = relabel_ranks(p3, f3, n)
+        out[todo] = align_slots(p3, f3)
+    out = out.reshape(layers, -1)
+    b = balancedness(out, load, ranks)
+    fresh_layers = int((~keep & ~use_inc).sum())
+    name = "incremental" if fresh_layers == 0 else ("relabelled" if fresh_layers == layers else "mixed")
+    return PlacementResult(out, b, b_prev, moved_slots(previous, out, ranks, n), False, name)

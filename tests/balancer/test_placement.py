@@ -76,3 +76,66 @@ def test_rejects_impossible_shapes():
         place_from_scratch(np.ones((2, 64)), 8, 7)
     with pytest.raises(ValueError):
         place_from_scratch(np.ones((2, 64)), 8, 8, groups=8, nodes=3)
+
+
+def test_forecast_holdout_is_the_forecast_before_each_window():
+    from ascend_runtime.balancer.forecast import LoadForecaster
+
+    windows = synthetic_trace(6, layers=4, experts=32, seed=3)
+    f = LoadForecaster()
+    before = []
+    for w in windows:
+        before.append(f.forecast() if f.windows else None)
+        f.update(w)
+    hold = f.forecast().holdout
+    assert len(hold) == 3
+    for k, (mean, std, win) in zip((3, 4, 5), hold):
+        assert np.array_equal(win, windows[k])  # the window that followed ...
+        assert np.allclose(mean, before[k].mean) and np.allclose(std, before[k].std)  # ... the forecast made before it
+
+
+@pytest.mark.parametrize("ranks,slots,groups,nodes", [(16, 5, None, None), (36, 2, None, None), (16, 5, 8, 4)])
+def test_hedge_chosen_on_holdout_windows(ranks, slots, groups, nodes):
+    from ascend_runtime.balancer import placement as pl
+    from ascend_runtime.balancer.forecast import LoadForecaster
+
+    windows = synthetic_trace(6, layers=6, experts=64, skew=1.0, drift=0.1, seed=11)
+    f = LoadForecaster()
+    for w in windows:
+        f.update(w)
+    fc = f.forecast()
+    hedges = (0.0, 3.0)
+    plan, hedge = pl._scratch(fc.mean, ranks, slots, groups, nodes, fc.std, PlacementConfig(hedges=hedges), fc.holdout)
+    validate_map(placement_to_map(plan, ranks), 64, ranks, slots)
+    # the choice is the hedge whose plans had the lower peaks on the held-out windows
+    scores = []
+    for h in hedges:
+        total = 0.0
+        for mean, std, win in fc.holdout:
+            trial = place_from_scratch(mean, ranks, slots, groups, nodes, std,
+                                       PlacementConfig(hedge=h, max_swap_rounds=0))
+            total += rank_loads(trial, win, ranks).max(axis=1).sum() / win.sum(axis=1).mean()
+        scores.append(total)
+    assert hedge == hedges[int(np.argmin(scores))]
+    only = PlacementConfig(hedge=hedge, hedges=(hedge,))
+    assert np.array_equal(plan, place_from_scratch(fc.mean, ranks, slots, groups, nodes, fc.std, only))
+
+
+def test_unchanged_layers_do_not_move(trace):
+    first = place_from_scratch(trace[0], 16, 5)
+    load = trace[0].copy()
+    load[2] = trace[1][2] * 3 + np.arange(64) ** 2  # only layer 2 changes, a lot
+    res = plan_placement(load, 16, 5, previous=first, config=PlacementConfig(min_gain=0.0))
+    changed = [l for l in range(load.shape[0]) if moved_slots(first[l : l + 1], res.placement[l : l + 1], 16, 64)]
+    assert changed == [2]
+
+
+def test_relabel_recovers_permuted_ranks():
+    from ascend_runtime.balancer.placement import relabel_ranks
+
+    rng = np.random.default_rng(0)
+    prev = np.stack([rng.permutation(72) % 64 for _ in range(3)]).reshape(3, 36, 2)
+    new = prev[:, rng.permutation(36)].copy()
+    out = relabel_ranks(prev, new, 64)
+    assert moved_slots(prev.reshape(3, -1), out.reshape(3, -1), 36, 64) == 0
+    assert np.array_equal(np.sort(out.reshape(3, -1), axis=1), np.sort(new.reshape(3, -1), axis=1))
