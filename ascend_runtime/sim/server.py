@@ -22,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ascend_runtime import eventloop
 from ascend_runtime.sim import api
 from ascend_runtime.sim.config import SimConfig
 from ascend_runtime.sim.engine import Engine, EngineFull, Sequence
@@ -381,4 +382,4 @@ def run_simulator(config: SimConfig) -> None:
               f"engine_id={handle.engine_id} speedup={handle.config.speedup}", flush=True)
         await handle.wait_stopped()
 
-    asyncio.run(main())
+    eventloop.run(main())

@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from ascend_runtime import eventloop
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `check` with the sub-commands `smoke` and `throughput`."""
@@ -140,7 +142,7 @@ def _throughput(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _bad(str(exc))
     try:
-        result = asyncio.run(run_throughput(cfg))
+        result = eventloop.run(run_throughput(cfg))
     except Exception as exc:  # noqa: BLE001 - setup failures (model list, prompt probes) fail the check
         print(f"FAIL  throughput setup: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

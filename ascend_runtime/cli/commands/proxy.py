@@ -8,10 +8,15 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
+from ascend_runtime import eventloop
 from ascend_runtime.proxy.config import ProxyConfig, RoutingWeights
-from ascend_runtime.proxy.instances import InstanceSpec, InstanceSpecError, check_unique, parse_cli_instance
+from ascend_runtime.proxy.instances import (
+    InstanceSpec,
+    InstanceSpecError,
+    check_unique,
+    parse_cli_instance,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001
@@ -108,16 +113,6 @@ async def _serve(cfg: ProxyConfig, args: argparse.Namespace) -> None:
         await handle.stop()
 
 
-def run_event_loop(main: Any) -> None:
-    """Run ``main`` on uvloop (a dependency on Linux; halves the relay cost per chunk), else on asyncio's loop."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-        return
-    uvloop.run(main)
-
-
 def handler(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -127,7 +122,7 @@ def handler(args: argparse.Namespace) -> int:
         print(f"ascend-deploy proxy: {exc}", file=sys.stderr)
         return 2
     try:
-        run_event_loop(_serve(cfg, args))
+        eventloop.run(_serve(cfg, args))
     except KeyboardInterrupt:
         pass
     except OSError as exc:
