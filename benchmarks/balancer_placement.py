@@ -1,6 +1,6 @@
 """Benchmark: our expert placement vs DeepSeek's EPLB greedy vs a trivial placement.
 
-Run: ``python -m benchmarks.balancer_placement`` (about 1-2 minutes on 2 cores).
+Run: ``python -m benchmarks.balancer_placement`` (about 40 s on 2 cores).
 Writes the ``balancer_placement`` section of docs/benchmarks.md.
 
 Each case is a synthetic trace (58 layers x 256 experts; skew = std of the
