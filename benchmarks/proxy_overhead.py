@@ -161,6 +161,11 @@ async def relayed_chunks(proxy_url: str) -> float:
     return 0.0
 
 
+def median_dict(runs: list[dict]) -> dict:
+    """Per key, the median over repeated runs."""
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
 async def main_async(args: argparse.Namespace) -> str:
     stub_port, proxy_port = free_port(), free_port()
     stub = subprocess.Popen([sys.executable, "-m", "benchmarks.proxy_overhead", "--serve-stub", str(stub_port)],
@@ -178,12 +183,15 @@ async def main_async(args: argparse.Namespace) -> str:
         for c in args.concurrency:
             gap = c / args.rate
             tokens = args.tokens or max(8, round(args.duration_s / 2 / gap))
-            direct = await run_load(stub_url, c, tokens, gap, args.duration_s)
-            chunks0 = await relayed_chunks(proxy_url)
-            via = await run_load(proxy_url, c, tokens, gap, args.duration_s, cpu_pid=proxy.pid)
-            chunks = await relayed_chunks(proxy_url) - chunks0
-            rows.append((c, gap, tokens, direct, via, chunks))
-            print(f"C={c}: direct {direct}\n       proxy  {via}", file=sys.stderr)
+            directs, vias, counts = [], [], []
+            for _ in range(args.repeats):  # direct and proxied side by side, repeated; medians reported
+                directs.append(await run_load(stub_url, c, tokens, gap, args.duration_s))
+                chunks0 = await relayed_chunks(proxy_url)
+                vias.append(await run_load(proxy_url, c, tokens, gap, args.duration_s, cpu_pid=proxy.pid))
+                counts.append(await relayed_chunks(proxy_url) - chunks0)
+                print(f"C={c}: direct {directs[-1]}\n       proxy  {vias[-1]}", file=sys.stderr)
+            added_p99 = [v["lat_p99"] - d["lat_p99"] for d, v in zip(directs, vias)]
+            rows.append((c, gap, tokens, median_dict(directs), median_dict(vias), statistics.median(counts), added_p99))
         chunks0 = await relayed_chunks(proxy_url)
         sat = await run_load(proxy_url, args.saturation_streams, args.tokens or 256, 0.0, args.duration_s,
                              cpu_pid=proxy.pid)
@@ -207,17 +215,18 @@ def render(args: argparse.Namespace, rows: list, sat: dict, sat_chunks: float) -
         f"Load: C concurrent streams with staggered starts, token gap C/{args.rate:g} s "
         f"(same aggregate {args.rate:g} tokens/s offered at every C), {args.duration_s:g} s per run, "
         "requests of about half a run each (tokens/request column). Load average before the run: "
-        f"{args.loadavg}.", "",
+        f"{args.loadavg}. Each cell is the median of {args.repeats} side-by-side repeats (direct, then proxied).", "",
         "| streams | token gap ms | tokens/request | token latency p50 direct / proxy / added (ms) "
         "| p99 direct / proxy / added (ms) | TTFT p50 direct / proxy (ms) | TTFT p99 direct / proxy (ms) "
-        "| relayed tok/s | tok per proxy CPU-s | chunks/token | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| added p99 per repeat (ms) | relayed tok/s | tok per proxy CPU-s | chunks/token | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for c, gap, tokens, d, v, chunks in rows:
+    for c, gap, tokens, d, v, chunks, added_p99 in rows:
         out.append(
             f"| {c} | {gap * 1e3:.1f} | {tokens} | {d['lat_p50']:.2f} / {v['lat_p50']:.2f} / {v['lat_p50'] - d['lat_p50']:+.2f} "
             f"| {d['lat_p99']:.2f} / {v['lat_p99']:.2f} / {v['lat_p99'] - d['lat_p99']:+.2f} "
             f"| {d['ttft_p50']:.2f} / {v['ttft_p50']:.2f} | {d['ttft_p99']:.2f} / {v['ttft_p99']:.2f} "
+            f"| {', '.join(f'{a:+.1f}' for a in added_p99)} "
             f"| {v['tok_s']:.0f} | {v['tok_per_cpu_s']:.0f} | {chunks / max(1, v['tokens']):.2f} "
             f"| {d['errors']:.0f} / {v['errors']:.0f} |")
     out += [
@@ -241,6 +250,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=0, help="tokens per request (0: about half a run)")
     ap.add_argument("--rate", type=float, default=4000.0, help="aggregate offered tokens/s")
     ap.add_argument("--duration-s", type=float, default=8.0)
+    ap.add_argument("--repeats", type=int, default=3, help="side-by-side repeats per concurrency (medians reported)")
     ap.add_argument("--saturation-streams", type=int, default=256)
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     args = ap.parse_args()
