@@ -15,17 +15,6 @@ from ascend_runtime.deploy.objects import K8sObject, build_system, deploys_to_ku
 from ascend_runtime.planner.plan import Plan
 
 
-
-def stack_secret_keys(plan: Plan) -> tuple[str, ...]:
-    """Secret keys the stack file declares (``secure:`` values), as the loader reports them."""
-    from ascend_runtime.config.loader import load_stack
-
-    try:
-        return load_stack(plan.stack).secret_keys
-    except Exception:  # noqa: BLE001 - a Plan built from another stacks dir: assume no secrets
-        return ()
-
-
 def file_name(index: int, obj: K8sObject) -> str:
     """``NN-<kind>-<name>.yaml`` (NN keeps the registration order when files are applied in order)."""
     return f"{index:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
@@ -41,7 +30,7 @@ def manifest_files(plan: Plan, secrets: Iterable[str] | None = None) -> dict[str
     """Relative path under ``manifests/`` -> YAML text, one file per registered object."""
     if not deploys_to_kubernetes(plan):
         return {}
-    keys = stack_secret_keys(plan) if secrets is None else tuple(secrets)
+    keys = plan.secret_keys if secrets is None else tuple(secrets)
     files: dict[str, str] = {}
     for group, objs in build_system(plan, keys).groups():
         for i, obj in enumerate(objs):

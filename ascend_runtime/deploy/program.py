@@ -44,8 +44,8 @@ def export_plan_summary(plan: Plan) -> None:
 def main(stack_name: str | None = None) -> Plan:
     """Build the Plan of the current Pulumi stack and declare its resources.
 
-    The ``local`` target runs processes on this machine (``ascend-deploy local``):
-    its stack registers no Kubernetes objects, only the outputs.
+    The ``local`` target runs processes on this machine instead:
+    its stack registers no Kubernetes objects, only the outputs (`ascend-deploy up --stack local` runs it).
     """
     plan = load_plan(stack_name or pulumi.get_stack())
     if deploys_to_kubernetes(plan):

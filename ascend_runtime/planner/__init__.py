@@ -112,6 +112,7 @@ def build_plan(stack: Stack) -> Plan:
         instances=tuple(instances),
         proxy_host="127.0.0.1" if config.target == "local" else f"pd-proxy.{config.kubernetes.namespace}.svc",
         proxy_port=config.ports.proxy,
+        secret_keys=stack.secret_keys,
     )
     check_plan_invariants(plan, hardware.has_super_pods and not config.allow_cross_super_pod)
     return plan

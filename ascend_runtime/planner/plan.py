@@ -124,7 +124,8 @@ class NodePlan:
 
 @dataclass(frozen=True)
 class Plan:
-    """The whole deployment. ``config`` is the validated stack config as JSON data."""
+    """The whole deployment. ``config`` is the validated stack config as JSON data;
+    ``secret_keys`` names the secrets the stack declares (never their values)."""
 
     stack: str
     hardware: str
@@ -136,7 +137,7 @@ class Plan:
     instances: tuple[InstancePlan, ...]
     proxy_host: str
     proxy_port: int
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    secret_keys: tuple[str, ...] = field(default_factory=tuple)
 
     def by_role(self, role: str) -> tuple[InstancePlan, ...]:
         """Instances of one role in ordinal order."""

@@ -1,8 +1,8 @@
 """`ascend-deploy render`: write the rendered artifacts of a stack to a directory.
 
 Writes DIR/plan.json, DIR/ranktables/<table>.json, DIR/hccn/<node>.conf,
-DIR/launch/<instance>-rank<k>.sh and DIR/DEPLOYMENT.md, plus DIR/manifests/
-once the Pulumi program provides ``ascend_runtime.deploy.manifests.manifest_files``.
+DIR/launch/<instance>-rank<k>.sh, DIR/DEPLOYMENT.md and DIR/manifests/ (exactly
+the Kubernetes objects the Pulumi program registers).
 Output is deterministic; no secret is ever read or written. Existing files
 not in the output are left alone.
 """
@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ascend_runtime.cli.stackargs import add_stack_options, plan_or_exit
+from ascend_runtime.cli.stackargs import add_stack_options
 from ascend_runtime.config.errors import ConfigError
 from ascend_runtime.config.loader import load_stack
+from ascend_runtime.planner import build_plan
 from ascend_runtime.render.artifacts import extra_files, render_artifacts, write_artifacts
 
 
@@ -30,21 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Render the stack's Plan into --out; exit 2 when the stack is invalid."""
-    plan = plan_or_exit(args)
-    if plan is None:
-        return 2
     try:
-        inventory = load_stack(args.stack, args.stacks_dir).inventory
-    except ConfigError as exc:  # pragma: no cover - plan_or_exit already loaded it
+        stack = load_stack(args.stack, args.stacks_dir)
+        plan = build_plan(stack)
+    except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    files = render_artifacts(plan, inventory)
-    extra = extra_files(plan)
-    clash = sorted(set(files) & set(extra))
-    if clash:
-        print(f"error: hooks would overwrite rendered files: {', '.join(clash)}", file=sys.stderr)
-        return 1
-    files.update(extra)
+    files = {**render_artifacts(plan, stack.inventory), **extra_files(plan)}
     written = write_artifacts(files, args.out)
     print(f"rendered {len(written)} files of stack {plan.stack} to {args.out}")
     return 0
