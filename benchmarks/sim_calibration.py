@@ -2,7 +2,7 @@
 
     python -m benchmarks.sim_calibration [--speedup 50] [--decode-out 2048] [--no-write]
 
-For each reference (A2 decode, A2 prefill, CM384 decode) it starts a real
+For each reference (A2 decode, A2 prefill, CM384 decode, A2 decode with MTP) it starts a real
 simulator (``start_simulator``, HTTP and KV ports on 127.0.0.1), warms it up to
 collect expert load, applies a greedy EPLB placement through the engine (as the
 balancer would through POST /admin/expert_map; in decode again every 256 steps,
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ascend_runtime.sim.experts import balanced_map
 from ascend_runtime.sim.server import SimHandle, start_simulator
-from ascend_runtime.sim.timing import REFERENCES, Reference, reference_config
+from ascend_runtime.sim.timing import MTP_REFERENCE, REFERENCES, Reference, reference_config
 
 
 @dataclass
@@ -40,6 +40,7 @@ class Result:
     published_step_ms: float
     balancedness: float
     wall_ratio: float  # (wall x speedup) / modelled time
+    mtp: bool = False  # the MTP row: its step (72 x 1.9 / 808) is derived, not published; tokens/s is checked
 
     @property
     def err_tokens(self) -> float:
@@ -51,9 +52,11 @@ class Result:
 
 
 async def _wait(seqs) -> None:  # type: ignore[no-untyped-def]
-    """Poll (one waiter per sequence would cost a wake-up per sequence per step)."""
-    while not all(s.finished for s in seqs):
-        await asyncio.sleep(0.02)
+    """Wait for every sequence to finish (the engine sets a non-streaming sequence's event once, when it finishes)."""
+    for s in seqs:
+        while not s.finished:
+            s.event.clear()
+            await s.event.wait()
 
 
 async def _rebalance_every(h: SimHandle, steps: int) -> None:
@@ -99,10 +102,9 @@ async def measure(hw: str, role: str, speedup: float, decode_out: int, mtp: bool
         wall = time.perf_counter() - w0
         modelled = e.modelled_time - t0
         steps = e.busy_steps - steps0
-        label = ref.note + (" + MTP (published 808 tok/s/NPU)" if mtp else "")
-        published = 808.0 if mtp else ref.tokens_per_s_per_npu
-        return Result(ref, label, modelled / steps * 1000, tokens / modelled / ref.npus, published,
-                      ref.step_s * 1000, e.recent_balancedness(), wall * speedup / modelled)
+        pub = MTP_REFERENCE if mtp else ref
+        return Result(ref, pub.note, modelled / steps * 1000, tokens / modelled / ref.npus, pub.tokens_per_s_per_npu,
+                      pub.step_s * 1000, e.recent_balancedness(), wall * speedup / modelled, mtp)
     finally:
         await h.stop()
 
@@ -111,6 +113,7 @@ async def run(speedup: float, decode_out: int) -> list[Result]:
     out = []
     for (hw, role) in REFERENCES:
         out.append(await measure(hw, role, speedup, decode_out))
+    out.append(await measure(MTP_REFERENCE.hardware, MTP_REFERENCE.role, speedup, decode_out, mtp=True))
     return out
 
 
@@ -129,13 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     ok = True
     for r in results:
-        checked = "MTP" not in r.label
-        within = abs(r.err_tokens) <= 0.05 and (abs(r.err_step) <= 0.05 or not checked)
-        ok &= within or not checked
-        step_pub = f"{r.published_step_ms:.1f}" if checked else "-"
+        within = abs(r.err_tokens) <= 0.05 and (abs(r.err_step) <= 0.05 or r.mtp)
+        ok &= within
+        step_pub = f"{r.published_step_ms:.1f}" + (" derived" if r.mtp else "")
         lines.append(
             f"| {r.label} | {r.step_ms:.1f} ({step_pub}) | {r.tokens_per_s_per_npu:.0f} ({r.published_tokens:.0f}) | "
-            f"{r.err_tokens:+.1%}{'' if not checked else (' ok' if within else ' OUT OF 5%')} | "
+            f"{r.err_tokens:+.1%}{' ok' if within else ' OUT OF 5%'} | "
             f"{r.balancedness:.3f} | {r.wall_ratio:.2f} |"
         )
     text = "\n".join(lines)
@@ -152,11 +154,14 @@ def main(argv: list[str] | None = None) -> int:
             f"i.e. what hardware would show; the last column checks that wall time x speedup matches it; "
             f"values above 1 mean Python could not keep up with the sped-up clock). "
             f"Greedy EPLB placement applied after a warm-up and, in decode, re-applied every 256 steps from the load since the last placement (dynamic EPLB), as the published runs balanced experts. "
+            f"A2 prefill runs 8 one-step batches back to back, so its wall column also counts the gap between "
+            f"a batch finishing and the next being admitted (wake-ups, the event loop's 1 ms timer granularity). "
             f"Ran in {elapsed:.0f} s; {machine_line()}.",
             "",
             text,
             "",
-            "Pass criterion: the three published figures within 5%.",
+            "Pass criterion: the four published figures within 5% (the MTP row checks tokens/s; its step is "
+            "derived as 72 x 1.9 / 808).",
         ]))
     print(f"{'all within 5%' if ok else 'SOME FIGURES OUT OF 5%'}; {elapsed:.1f} s", file=sys.stderr)
     return 0 if ok else 1

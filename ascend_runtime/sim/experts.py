@@ -12,6 +12,10 @@ std ``drift_sigma``, relaxation ``1 / drift_rate`` steps), so hot experts
 change slowly; the drift is applied every ``DRIFT_EVERY`` steps (cheaper, same
 statistics). A step's loads are ``Poisson(T * k * p_l)`` per (layer, expert),
 the large-batch limit of top-k sampling, and much cheaper than a multinomial.
+Where ``T * k * p >= NORMAL_FROM`` the Poisson is drawn as its normal
+approximation ``round(lam + sqrt(lam) * z)``, with ``z`` a slice at a random
+offset of a table of standard normals drawn once (a step then costs a few
+array operations, not 15k Poisson draws); smaller means stay Poisson.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ import numpy as np
 
 
 DRIFT_EVERY = 16
+#: Expected loads at or above this use the normal approximation of the Poisson.
+NORMAL_FROM = 25.0
+NOISE_TABLE = 1 << 18
 
 
 class ExpertRouter:
@@ -44,8 +51,14 @@ class ExpertRouter:
         self._base = self._rng.normal(0.0, skew, size=(layers, experts))
         self._drift = self._rng.normal(0.0, drift_sigma, size=(layers, experts))
         self._drift_sigma, self._drift_rate = drift_sigma, drift_rate
-        self._probs = self._softmax()
         self._steps = 0
+        self._noise = self._rng.standard_normal(max(NOISE_TABLE, 2 * layers * experts))
+        self._set_probs(self._softmax())
+
+    def _set_probs(self, probs: np.ndarray) -> None:
+        self._probs = probs
+        self._sqrt_probs = np.sqrt(probs)
+        self._pmax = float(probs.max())
 
     def _softmax(self) -> np.ndarray:
         z = self._base + self._drift
@@ -60,13 +73,27 @@ class ExpertRouter:
         """Loads of one step of ``tokens`` tokens, shape (L, E) int64; then drift one step."""
         if tokens <= 0:
             return np.zeros((self.layers, self.experts), dtype=np.int64)
-        loads = self._rng.poisson(float(tokens * self.top_k) * self._probs)
+        n = float(tokens * self.top_k)
+        if n * self._pmax < NORMAL_FROM:
+            loads = self._rng.poisson(n * self._probs)
+        else:
+            size = self._probs.size
+            off = int(self._rng.integers(0, self._noise.size - size + 1))
+            x = self._noise[off:off + size].reshape(self._probs.shape) * self._sqrt_probs
+            x *= np.sqrt(n)
+            x += n * self._probs
+            x += 0.5
+            np.maximum(x, 0.0, out=x)
+            loads = x.astype(np.int64)
+            small = np.flatnonzero(self._probs.ravel() < NORMAL_FROM / n)
+            if small.size:
+                loads.ravel()[small] = self._rng.poisson(n * self._probs.ravel()[small])
         self._steps += 1
         if self._steps % DRIFT_EVERY == 0:
             a = min(1.0, self._drift_rate * DRIFT_EVERY)
             self._drift *= 1.0 - a
             self._drift += self._rng.normal(0.0, self._drift_sigma * np.sqrt(a * (2 - a)), size=self._drift.shape)
-            self._probs = self._softmax()
+            self._set_probs(self._softmax())
         return loads
 
 
@@ -87,15 +114,22 @@ class ExpertMap:
         experts = int(flat.max()) + 1
         self._flat = flat
         self._replicas = np.stack([np.bincount(row, minlength=experts) for row in flat])  # (L, E)
-        # replica index of each slot among the copies of its expert (0 for the first copy)
-        idx = np.zeros_like(flat)
-        for l in range(L):
-            seen: dict[int, int] = {}
-            for j, e in enumerate(flat[l].tolist()):
-                idx[l, j] = seen.get(e, 0)
-                seen[e] = idx[l, j] + 1
+        # replica index of each slot among the copies of its expert (0 for the first copy, in slot order)
+        order = np.argsort(flat, axis=1, kind="stable")
+        srt = np.take_along_axis(flat, order, axis=1)
+        pos = np.broadcast_to(np.arange(flat.shape[1]), flat.shape)
+        start = np.where(np.concatenate([np.ones((L, 1), bool), srt[:, 1:] != srt[:, :-1]], axis=1), pos, 0)
+        start = np.maximum.accumulate(start, axis=1)
+        idx = np.empty_like(flat)
+        np.put_along_axis(idx, order, pos - start, axis=1)
         self._replica_index = idx
         self._rows = np.arange(L)[:, None]
+        # rank_loads fast path: flat take indices; only slots of replicated experts need the split
+        self._lin = (self._rows * experts + flat).ravel()
+        c = self._replicas[self._rows, flat].ravel()
+        self._multi = np.flatnonzero(c > 1)
+        self._multi_c = c[self._multi]
+        self._multi_idx = idx.ravel()[self._multi]
 
     # ---- construction -------------------------------------------------
     @classmethod
@@ -192,8 +226,12 @@ class ExpertMap:
 
     def rank_loads(self, loads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(rank load (L, R), active slots (L, R)) for expert loads (L, E)."""
-        s = self.slot_loads(loads)
-        return s.sum(axis=2), (s > 0).sum(axis=2)
+        s = loads.ravel().take(self._lin)
+        if self._multi.size:
+            pm = s[self._multi]
+            s[self._multi] = pm // self._multi_c + (self._multi_idx < pm % self._multi_c)
+        s3 = s.reshape(self.layers, self.ranks, self.slots_per_rank)
+        return s3.sum(axis=2), np.count_nonzero(s3, axis=2)
 
     def expected_rank_loads(self, probs: np.ndarray) -> np.ndarray:
         """Expected rank load share (L, R) under routing probabilities (L, E)."""
@@ -216,27 +254,37 @@ def balanced_map(load: np.ndarray, ranks: int, slots_per_rank: int) -> ExpertMap
     """
     L, E = load.shape
     total = ranks * slots_per_rank
-    out = np.zeros((L, ranks, slots_per_rank), dtype=np.int64)
+    reps = np.ones((L, E), dtype=np.int64)
+    w_all = load.astype(float) + 1e-9
     for l in range(L):
-        w = load[l].astype(float) + 1e-9
-        reps = np.ones(E, dtype=int)
+        w = w_all[l]
         heap = [(-w[e], e) for e in range(E)]
         heapq.heapify(heap)
         for _ in range(total - E):
             _, e = heapq.heappop(heap)
-            reps[e] += 1
-            heapq.heappush(heap, (-w[e] / reps[e], e))
-        items = sorted(((w[e] / reps[e], e) for e in range(E) for _ in range(reps[e])), reverse=True)
-        rank_w = np.zeros(ranks)
-        fill = [[] for _ in range(ranks)]
-        for share, e in items:
-            order = np.argsort(rank_w, kind="stable")
-            pick = next((r for r in order if len(fill[r]) < slots_per_rank and e not in fill[r]), None)
-            if pick is None:
-                pick = next(r for r in order if len(fill[r]) < slots_per_rank)
-            fill[pick].append(e)
-            rank_w[pick] += share
-        out[l] = np.array(fill)
+            reps[l, e] += 1
+            heapq.heappush(heap, (-w[e] / reps[l, e], e))
+    # replicas heaviest first (ties: higher expert id first), one row per layer; all layers packed at once
+    ids = np.repeat(np.tile(np.arange(E), L), reps.ravel()).reshape(L, total)
+    share = np.take_along_axis(w_all / reps, ids, axis=1)
+    order = np.lexsort((-ids, -share), axis=1)
+    ids = np.take_along_axis(ids, order, axis=1)
+    share = np.take_along_axis(share, order, axis=1)
+    rank_w = np.zeros((L, ranks))
+    count = np.zeros((L, ranks), dtype=np.int64)
+    held = np.zeros((L, ranks, E), dtype=bool)
+    out = np.zeros((L, ranks, slots_per_rank), dtype=np.int64)
+    rows = np.arange(L)
+    for j in range(total):
+        e = ids[:, j]
+        room = count < slots_per_rank
+        ok = room & ~held[rows, :, e]
+        ok = np.where(ok.any(axis=1)[:, None], ok, room)
+        pick = np.where(ok, rank_w, np.inf).argmin(axis=1)  # lightest eligible rank, lowest id on ties
+        out[rows, pick, count[rows, pick]] = e
+        count[rows, pick] += 1
+        held[rows, pick, e] = True
+        rank_w[rows, pick] += share[:, j]
     return ExpertMap(out)
 
 

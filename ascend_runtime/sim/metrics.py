@@ -38,6 +38,15 @@ class Histogram:
         self.total += value * count
         self.n += count
 
+    def observe_many(self, values: np.ndarray) -> None:
+        """Record one observation of each of ``values`` (vectorised ``observe``)."""
+        if values.size == 0:
+            return
+        idx = np.searchsorted(self.buckets, values, side="left")
+        self.counts += np.bincount(idx, minlength=len(self.counts))
+        self.total += float(values.sum())
+        self.n += int(values.size)
+
     def family(self, name: str, doc: str, model: str) -> HistogramMetricFamily:
         """As a Prometheus histogram family."""
         fam = HistogramMetricFamily(name, doc, labels=["model_name"])

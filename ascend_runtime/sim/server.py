@@ -114,7 +114,7 @@ class Handlers:
             if res.tokens != req.prompt_tokens:
                 headers["x-kv-token-mismatch"] = f"{res.tokens}!={req.prompt_tokens}"
         try:
-            seq = st.engine.submit(req.prompt_tokens, req.max_tokens, prefilled=prefilled)
+            seq = st.engine.submit(req.prompt_tokens, req.max_tokens, prefilled=prefilled, stream=req.stream)
         except EngineFull as exc:
             return _error(str(exc), 400)
         resp = api.Responder(req)
