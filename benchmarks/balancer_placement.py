@@ -1,6 +1,7 @@
 """Benchmark: our expert placement vs DeepSeek's EPLB greedy vs a trivial placement.
 
-Run: ``python -m benchmarks.balancer_placement`` (about 40 s on 2 cores).
+Run: ``python -m benchmarks.balancer_placement`` (about 40 s on 2 cores per seed);
+``--seeds 1 2 3 4 5`` reports the goal metrics per seed and over all seeds.
 Writes the ``balancer_placement`` section of docs/benchmarks.md.
 
 Each case is a synthetic trace (58 layers x 256 experts; skew = std of the
@@ -9,7 +10,8 @@ lognormal popularity; drift = per-window random-walk std of log-popularity;
 8 (the *next* window). EPLB greedy is fed the last window, as it is used in
 practice; "greedy+fc" feeds it our forecast too, to separate forecasting from
 placement. Ours also gets ``Forecast.holdout`` (forecasts made before windows
-5, 6, 7 and those windows: observed data only) to choose its replica hedge.
+5, 6, 7 and those windows, and the window before each: observed data only) to
+choose its replica hedge, or EPLB greedy on the forecast or on the last window.
 Moves: our plan for window 8 made with the plan for window 7 in service,
 against a from-scratch plan for window 8.
 """
@@ -55,7 +57,7 @@ def run_case(ranks: int, slots: int, hier: bool, skew: float, drift: float, seed
     nxt = trace[HISTORY]
     fc = forecast(trace, HISTORY)
     t0 = time.perf_counter()
-    ours = place_from_scratch(fc.mean, ranks, slots, g, n, fc.std, holdout=fc.holdout)
+    ours = place_from_scratch(fc.mean, ranks, slots, g, n, fc.std, holdout=fc.holdout, last=fc.last)
     t_ours = time.perf_counter() - t0
     t0 = time.perf_counter()
     greedy = eplb_greedy(trace[HISTORY - 1], ranks, slots, g, n)
@@ -64,9 +66,9 @@ def run_case(ranks: int, slots: int, hier: bool, skew: float, drift: float, seed
     trivial = trivial_placement(*trace.shape[1:], ranks, slots)
     # moves: plan at window 8 with the window-7 plan in service
     fc_prev = forecast(trace, HISTORY - 1)
-    prev = place_from_scratch(fc_prev.mean, ranks, slots, g, n, fc_prev.std, holdout=fc_prev.holdout)
+    prev = place_from_scratch(fc_prev.mean, ranks, slots, g, n, fc_prev.std, holdout=fc_prev.holdout, last=fc_prev.last)
     t0 = time.perf_counter()
-    inc = plan_placement(fc.mean, ranks, slots, g, n, previous=prev, std=fc.std, holdout=fc.holdout)
+    inc = plan_placement(fc.mean, ranks, slots, g, n, previous=prev, std=fc.std, holdout=fc.holdout, last=fc.last)
     t_inc = time.perf_counter() - t0
     b = {k: balancedness(p, nxt, ranks) for k, p in
          {"ours": ours, "greedy": greedy, "greedy_fc": greedy_fc, "trivial": trivial, "inc": inc.placement}.items()}
@@ -74,33 +76,29 @@ def run_case(ranks: int, slots: int, hier: bool, skew: float, drift: float, seed
                 moved=inc.moved_slots / prev.size, strategy=inc.strategy, t_ours=t_ours, t_greedy=t_greedy, t_inc=t_inc)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--no-write", action="store_true", help="print only; do not touch docs/benchmarks.md")
-    args = ap.parse_args(argv)
+def run_seed(seed: int) -> tuple[list[dict], dict]:
+    """All cases for one seed, and the 144x2 runtimes (median of 5)."""
     rows = []
-    start = time.perf_counter()
     for ranks, slots in SHAPES:
         for hier in (False, True):
             for skew in SKEWS:
                 for drift in DRIFTS:
-                    r = run_case(ranks, slots, hier, skew, drift, args.seed)
+                    r = run_case(ranks, slots, hier, skew, drift, seed)
                     rows.append(r)
-                    print(f"{r['shape']:>6} {r['mode']:>6} skew={skew} drift={drift}: ours {r['ours']:.4f} greedy {r['greedy']:.4f} "
+                    print(f"seed {seed} {r['shape']:>6} {r['mode']:>6} skew={skew} drift={drift}: ours {r['ours']:.4f} greedy {r['greedy']:.4f} "
                           f"ratio {r['ours'] / r['greedy']:.4f} inc {r['inc']:.4f} moved {r['moved']:.1%} ({r['strategy']}) "
                           f"t {r['t_ours'] * 1e3:.0f}/{r['t_inc'] * 1e3:.0f} ms", file=sys.stderr)
-    # runtime for 144x2: median of 5
     t144 = {}
     for hier in (False, True):
-        trace = synthetic_trace(HISTORY + 1, skew=1.0, drift=0.1, seed=args.seed)
+        trace = synthetic_trace(HISTORY + 1, skew=1.0, drift=0.1, seed=seed)
         fc = forecast(trace, HISTORY)
         g, n = (GROUPS, nodes_for(144)) if hier else (None, None)
         fc_prev = forecast(trace, HISTORY - 1)
-        prev = place_from_scratch(fc_prev.mean, 144, 2, g, n, fc_prev.std, holdout=fc_prev.holdout)
+        prev = place_from_scratch(fc_prev.mean, 144, 2, g, n, fc_prev.std, holdout=fc_prev.holdout, last=fc_prev.last)
         for name, fn in {
-            "ours": lambda: place_from_scratch(fc.mean, 144, 2, g, n, fc.std, holdout=fc.holdout),
-            "ours+previous": lambda: plan_placement(fc.mean, 144, 2, g, n, previous=prev, std=fc.std, holdout=fc.holdout),
+            "ours": lambda: place_from_scratch(fc.mean, 144, 2, g, n, fc.std, holdout=fc.holdout, last=fc.last),
+            "ours+previous": lambda: plan_placement(fc.mean, 144, 2, g, n, previous=prev, std=fc.std, holdout=fc.holdout,
+                                                     last=fc.last),
             "greedy": lambda: eplb_greedy(trace[HISTORY - 1], 144, 2, g, n),
         }.items():
             times = []
@@ -109,25 +107,80 @@ def main(argv: list[str] | None = None) -> int:
                 fn()
                 times.append(time.perf_counter() - t0)
             t144[(name, "hier" if hier else "global")] = statistics.median(times)
-    elapsed = time.perf_counter() - start
+    return rows, t144
+
+
+def summary(rows: list[dict]) -> dict:
+    """The goal metrics of a set of cases."""
     ratios = [r["ours"] / r["greedy"] for r in rows]
     small = [r for r in rows if r["drift"] == DRIFTS[0]]
+    return dict(
+        mean=statistics.mean(ratios), min=min(ratios), max=max(ratios), below=sum(x < 0.995 for x in ratios), cases=len(rows),
+        vs_fc=statistics.mean(r["ours"] / r["greedy_fc"] for r in rows),
+        small_moved_max=max(r["moved"] for r in small), small_moved_mean=statistics.mean(r["moved"] for r in small),
+        small_inc_min=min(r["inc"] / r["ours"] for r in small),
+        moved_max=max(r["moved"] for r in rows), inc_min=min(r["inc"] / r["ours"] for r in rows),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=1, help="trace seed (the single-seed run, with the per-case table)")
+    ap.add_argument("--seeds", type=int, nargs="+", help="several seeds: per-seed and overall goal metrics; "
+                    "the per-case table is the first seed's")
+    ap.add_argument("--no-write", action="store_true", help="print only; do not touch docs/benchmarks.md")
+    args = ap.parse_args(argv)
+    seeds = args.seeds or [args.seed]
+    start = time.perf_counter()
+    per_seed = {seed: run_seed(seed) for seed in seeds}
+    elapsed = time.perf_counter() - start
+    rows, t144 = per_seed[seeds[0]]
+    s = summary(rows)
+    command = f"--seeds {' '.join(map(str, seeds))}" if args.seeds else f"--seed {args.seed}"
     lines = [
         "## Expert placement (balancer)",
         "",
-        f"Command: `python -m benchmarks.balancer_placement --seed {args.seed}` ({elapsed:.0f} s). {machine_line()}.",
+        f"Command: `python -m benchmarks.balancer_placement {command}` ({elapsed:.0f} s). {machine_line()}.",
         "",
         "58 layers x 256 experts, synthetic traces (lognormal skew, random-walk drift per window, 5% volatile experts).",
         "Balancedness is vLLM's (sum of mean rank load / sum of max rank load) on the next, unseen window.",
         "Hierarchical: 8 groups; nodes of 8 ranks (32 ranks: 4 nodes, 64: 8), 144 ranks: 8 nodes of 18.",
         "",
-        f"- ours / EPLB greedy balancedness: mean **{statistics.mean(ratios):.4f}x**, min {min(ratios):.4f}x, max {max(ratios):.4f}x "
+    ]
+    if len(seeds) > 1:
+        lines += [
+            "Goals: ours / greedy mean >= 1.05x and min >= 0.995x; 144x2 <= 100 ms; small drift (0.02): <= 30% moved, "
+            ">= 0.99x of from-scratch.",
+            "",
+            "| seed | ours/greedy mean | min | cases < 0.995x | ours/greedy+fc | small drift: moved max | "
+            "with previous / from scratch min | all drifts: moved max | 144x2 ours ms (global, hier) |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for seed in seeds:
+            r, t = per_seed[seed]
+            m = summary(r)
+            lines.append(
+                f"| {seed} | {m['mean']:.4f} | {m['min']:.4f} | {m['below']} / {m['cases']} | {m['vs_fc']:.4f} | "
+                f"{m['small_moved_max']:.1%} | {m['small_inc_min']:.4f} | {m['moved_max']:.1%} | "
+                f"{t[('ours', 'global')] * 1e3:.0f}, {t[('ours', 'hier')] * 1e3:.0f} |"
+            )
+        every = [r for seed in seeds for r in per_seed[seed][0]]
+        m = summary(every)
+        worst_t = max(v for seed in seeds for k, v in per_seed[seed][1].items() if k[0] == "ours")
+        lines += [
+            f"| all | **{m['mean']:.4f}** | {m['min']:.4f} | {m['below']} / {m['cases']} | {m['vs_fc']:.4f} | "
+            f"{m['small_moved_max']:.1%} | {m['small_inc_min']:.4f} | {m['moved_max']:.1%} | max {worst_t * 1e3:.0f} |",
+            "",
+            f"Per-case table: seed {seeds[0]}.",
+            "",
+        ]
+    lines += [
+        f"- ours / EPLB greedy balancedness: mean **{s['mean']:.4f}x**, min {s['min']:.4f}x, max {s['max']:.4f}x "
         f"(goal: mean >= 1.05x, min >= 0.995x)",
-        f"- ours / greedy fed our forecast: mean {statistics.mean(r['ours'] / r['greedy_fc'] for r in rows):.4f}x "
-        "(the part due to placement rather than forecasting)",
-        f"- small drift ({DRIFTS[0]}): moved slots max {max(r['moved'] for r in small):.1%}, mean {statistics.mean(r['moved'] for r in small):.1%}; "
-        f"balancedness vs from-scratch min {min(r['inc'] / r['ours'] for r in small):.4f}x (goal: <= 30% moved, >= 0.99x)",
-        f"- all drifts: moved slots max {max(r['moved'] for r in rows):.1%}; vs from-scratch min {min(r['inc'] / r['ours'] for r in rows):.4f}x",
+        f"- ours / greedy fed our forecast: mean {s['vs_fc']:.4f}x (the part due to placement rather than forecasting)",
+        f"- small drift ({DRIFTS[0]}): moved slots max {s['small_moved_max']:.1%}, mean {s['small_moved_mean']:.1%}; "
+        f"balancedness vs from-scratch min {s['small_inc_min']:.4f}x (goal: <= 30% moved, >= 0.99x)",
+        f"- all drifts: moved slots max {s['moved_max']:.1%}; vs from-scratch min {s['inc_min']:.4f}x",
         "- runtime 144x2 (median of 5): " + ", ".join(f"{k[0]} {k[1]} {v * 1e3:.0f} ms" for k, v in t144.items()) + " (goal: ours <= 100 ms)",
         "",
         "| shape | mode | skew | drift | trivial | greedy | greedy+fc | ours | ours/greedy | with previous | moved | how | ours ms | greedy ms |",

@@ -200,7 +200,7 @@ class BalancerDaemon:
             fc = self.forecaster.forecast()
             previous = self.current if self.current is not None and self.current.shape[0] == fc.mean.shape[0] else None
             result = plan_placement(fc.mean, cfg.ranks, cfg.slots, cfg.groups, cfg.nodes, previous, fc.std, cfg.placement,
-                                    holdout=fc.holdout)
+                                    holdout=fc.holdout, last=fc.last)
             before = result.previous_balancedness if result.previous_balancedness is not None else float("nan")
             self.metrics.balancedness.labels("before").set(before)
             self.metrics.balancedness.labels("after").set(result.balancedness)

@@ -27,8 +27,11 @@ class Forecast:
     windows: int
     #: ``[(mean, std, window), ...]``, newest last: the forecasts made before each of the
     #: last few windows, and that window (tokens). Lets the planner pick its hedging by how
-    #: plans fared on load they had not seen.
-    holdout: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+    #: plans fared on load they had not seen. A 4th element is the window observed just before
+    #: that window (what a last-window planner such as EPLB's greedy would have used).
+    holdout: list[tuple[np.ndarray, ...]] | None = None
+    #: the last window folded in (tokens), or None
+    last: np.ndarray | None = None
 
 
 class LoadForecaster:
@@ -48,7 +51,8 @@ class LoadForecaster:
         self._sqerr: np.ndarray | None = None  # [A, L, E] decayed squared error of shares
         self._score: np.ndarray | None = None  # [A] decayed total squared error
         self.holdouts = holdouts
-        self._holdout: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._holdout: list[tuple[np.ndarray, ...]] = []
+        self._last: np.ndarray | None = None
 
     def update(self, window: np.ndarray) -> None:
         """Fold one window ``[L, E]`` of token counts in. Empty windows are ignored."""
@@ -60,7 +64,7 @@ class LoadForecaster:
         tokens = float(totals.mean())
         if self.windows >= 2:
             before = self.forecast()
-            self._holdout = [*self._holdout, (before.mean, before.std, window.copy())][-self.holdouts :]
+            self._holdout = [*self._holdout, (before.mean, before.std, window.copy(), self._last)][-self.holdouts :]
         alphas = np.asarray(self.alphas)[:, None, None]
         if self._state is None:
             self._state = np.broadcast_to(share, (len(self.alphas), *share.shape)).copy()
@@ -75,6 +79,7 @@ class LoadForecaster:
             self._state = (1 - alphas) * self._state + alphas * share[None]
             self.scale = 0.5 * self.scale + 0.5 * tokens
         self.windows += 1
+        self._last = window.copy()
 
     def forecast(self) -> Forecast:
         """The current forecast; raises ``RuntimeError`` before the first window."""
@@ -83,4 +88,5 @@ class LoadForecaster:
         best = int(np.argmin(self._score)) if self.windows > 1 else 0
         mean = self._state[best] * self.scale
         std = np.sqrt(self._sqerr[best]) * self.scale
-        return Forecast(mean=mean, std=std, alpha=float(self.alphas[best]), windows=self.windows, holdout=list(self._holdout) or None)
+        return Forecast(mean=mean, std=std, alpha=float(self.alphas[best]), windows=self.windows, holdout=list(self._holdout) or None,
+                        last=self._last)

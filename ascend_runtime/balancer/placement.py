@@ -12,8 +12,11 @@ Algorithm (from scratch):
    redundant slot goes to the expert with the largest hedged load per replica,
    at most ``R`` replicas (more could not sit on distinct ranks); with a
    ``holdout`` (forecasts made before recent observed windows, and those
-   windows), the hedge is the candidate whose plans had the lowest peak rank
-   load on the windows that followed them;
+   windows), the hedge is chosen on the windows that followed them, against
+   EPLB greedy on the last observed window too: the unhedged plan
+   stays unless another candidate's held-out per-layer peaks are lower by
+   ``evidence`` standard errors (a winning greedy plan is de-duplicated and
+   refined by step 3);
 2. LPT packing: replicas heaviest first into the lightest rank that has a free
    slot and does not already hold that expert;
 3. local search: swap one replica on the most loaded rank with one on another
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ascend_runtime.balancer.eplb_greedy import eplb_greedy
 from ascend_runtime.balancer.measure import balancedness, moved_slots
 
 
@@ -45,6 +49,9 @@ class PlacementConfig:
 
     hedge: float = 1.0  # std multiples added to load when sizing replicas (no holdout)
     hedges: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 3.0)  # candidates validated on the holdout windows
+    packs: tuple[float, ...] = (0.0,)  # std multiples added to per-replica load when packing (candidates)
+    greedy_candidate: bool = True  # EPLB greedy on the last window competes on the holdout windows too
+    evidence: float = 2.0  # standard errors by which a candidate must beat the unhedged plan on the holdout
     max_swap_rounds: int = 400  # cap on local-search rounds per batch
     trial_swap_rounds: int = 0  # local-search rounds of the holdout trials (they only rank hedges)
     tolerance: float = 0.01  # incremental result may trail from-scratch by this (relative)
@@ -408,25 +415,27 @@ def _check(load: np.ndarray, ranks: int, slots: int, groups: int | None, nodes: 
 
 
 def _solve(
-    problems: list[tuple[np.ndarray, list[np.ndarray]]],
+    problems: list[tuple[np.ndarray, list[np.ndarray]]] | list[tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]],
     ranks: int,
     slots: int,
     groups: int | None,
     nodes: int | None,
     rounds: int,
 ) -> list[np.ndarray]:
-    """Solve all ``(load [L, E], [hedged [L, E], ...])`` problems in one batch.
+    """Solve all ``(load [L, E], [hedged [L, E], ...][, [pack [L, E], ...]])`` problems in one batch.
 
     Returns, per problem, placements ``[K, L, R*S]`` (one per hedged load).
-    Packing uses the load; the hedged loads only size the replicas.
+    The hedged loads size the replicas; packing and swaps use the matching
+    ``pack`` load (default: the load itself).
     Hierarchical: one group -> node assignment per problem, from its load.
     """
     layers, n = problems[0][0].shape
     hier = bool(groups and nodes and nodes > 1)
     sub_w, sub_h, maps = [], [], []
-    for load, hedged in problems:
+    problems = [(p[0], p[1], p[2] if len(p) > 2 else [p[0]] * len(p[1])) for p in problems]
+    for load, hedged, packw in problems:
         if not hier:
-            sub_w.append(np.tile(load, (len(hedged), 1)))
+            sub_w.extend(packw)
             sub_h.extend(hedged)
             continue
         node_of = _pack_groups(load, groups, nodes, rounds)
@@ -435,15 +444,15 @@ def _solve(
         def sub(x: np.ndarray, experts: np.ndarray = experts) -> np.ndarray:
             return np.take_along_axis(x[:, None, :].repeat(nodes, 1), experts, axis=2).reshape(layers * nodes, -1)
 
-        sub_w.append(np.tile(sub(load), (len(hedged), 1)))
+        sub_w.extend(sub(w) for w in packw)
         sub_h.extend(sub(h) for h in hedged)
         maps.append(experts)
     r = ranks // nodes if hier else ranks
     local = solve_batch(np.concatenate(sub_w), np.concatenate(sub_h), r, slots, rounds)
     out, at = [], 0
-    for i, (_, hedged) in enumerate(problems):
+    for i, (_, hedged, _) in enumerate(problems):
         k = len(hedged)
-        part = local[at : at + k * (local.shape[0] // sum(len(h) for _, h in problems))]
+        part = local[at : at + k * (local.shape[0] // sum(len(p[1]) for p in problems))]
         at += part.shape[0]
         if hier:
             part = part.reshape(k, layers, nodes, -1)
@@ -452,16 +461,23 @@ def _solve(
     return out
 
 
-def _holdout_pairs(holdout, shape: tuple[int, ...]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Normalise ``holdout`` (one ``(mean, std, window)`` or a list of them) and drop malformed ones."""
+def _holdout_pairs(holdout, shape: tuple[int, ...]) -> list[tuple[np.ndarray, ...]]:
+    """Normalise ``holdout`` (one ``(mean, std, window[, previous window])`` or a list of them)
+    and drop malformed ones. Items are returned as 4-tuples (previous window None if absent)."""
     if holdout is None or len(holdout) == 0:
         return []
     items = [holdout] if isinstance(holdout[0], np.ndarray) and np.ndim(holdout[0]) == 2 else list(holdout)
     out = []
     for item in items:
-        arrs = tuple(np.maximum(np.asarray(x, dtype=np.float64), 0.0) for x in item)
-        if len(arrs) == 3 and all(a.shape == shape for a in arrs) and (arrs[2].sum(axis=1) > 0).all():
-            out.append(arrs)
+        if len(item) not in (3, 4) or any(x is None for x in item[:3]):
+            continue
+        arrs = tuple(np.maximum(np.asarray(x, dtype=np.float64), 0.0) for x in item[:3])
+        prev = None
+        if len(item) == 4 and item[3] is not None:
+            prev = np.maximum(np.asarray(item[3], dtype=np.float64), 0.0)
+            prev = prev if prev.shape == shape else None
+        if all(a.shape == shape for a in arrs) and (arrs[2].sum(axis=1) > 0).all():
+            out.append((*arrs, prev))
     return out
 
 
@@ -481,6 +497,7 @@ def place_from_scratch(
     std: np.ndarray | None = None,
     config: PlacementConfig = PlacementConfig(),
     holdout=None,
+    last: np.ndarray | None = None,
 ) -> np.ndarray:
     """Placement ``[L, R*S]`` for forecast ``load [L, E]`` (and its ``std [L, E]``).
 
@@ -491,7 +508,7 @@ def place_from_scratch(
     lowest peak rank load there (summed over layers and windows) is used.
     Without it, ``config.hedge`` is used.
     """
-    return _scratch(load, ranks, slots, groups, nodes, std, config, holdout)[0]
+    return _scratch(load, ranks, slots, groups, nodes, std, config, holdout, last)[0]
 
 
 def _scratch(
@@ -503,23 +520,71 @@ def _scratch(
     std: np.ndarray | None,
     config: PlacementConfig,
     holdout,
+    last: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float]:
-    """:func:`place_from_scratch` and the hedge it used."""
+    """:func:`place_from_scratch` and the hedge it used (0 when a greedy candidate won)."""
     load = np.maximum(np.asarray(load, dtype=np.float64), 0.0)
     _check(load, ranks, slots, groups, nodes)
-    sd = np.zeros_like(load) if std is None else np.asarray(std, dtype=np.float64)
-    hedges = [config.hedge]
+    sd = np.zeros_like(load) if std is None else np.maximum(np.asarray(std, dtype=np.float64), 0.0)
+    best: tuple | None = (config.hedge, 0.0)
     pairs = _holdout_pairs(holdout, load.shape)
-    if pairs and std is not None and len(config.hedges) > 1:
-        problems = [(h_mean, [h_mean + h * h_std for h in config.hedges]) for h_mean, h_std, _ in pairs]
+    cands: list[tuple] = [(h, k) for h in config.hedges for k in config.packs] if std is not None else [(0.0, 0.0)]
+    if pairs and (len(cands) > 1 or config.greedy_candidate):
+        if config.greedy_candidate:
+            if last is not None and np.shape(last) == load.shape and all(p[3] is not None for p in pairs):
+                cands.append(("greedy", "last"))
+        ours = [c for c in cands if c[0] != "greedy"]
+        problems = [(m, [m + h * s for h, _ in ours], [m + k * s for _, k in ours]) for m, s, _, _ in pairs]
         trials = _solve(problems, ranks, slots, groups, nodes, config.trial_swap_rounds)
-        scores = np.zeros(len(config.hedges))
-        for trial, (_, _, h_obs) in zip(trials, pairs):
-            peaks = np.array([_layer_peaks(t, h_obs, ranks).sum() for t in trial])
-            scores += peaks / h_obs.sum(axis=1).mean()  # windows weigh alike whatever their token count
-        hedges = [config.hedges[int(np.argmin(scores))]]
-    plan = _solve([(load, [load + hedges[0] * sd])], ranks, slots, groups, nodes, config.max_swap_rounds)[0][0]
-    return plan, hedges[0]
+        peaks = []  # [windows, candidates, L]: held-out peak per layer, in units of mean layer tokens
+        for trial, (h_mean, _, h_obs, h_prev) in zip(trials, pairs):
+            plans = list(trial)
+            for c in cands[len(ours):]:
+                plans.append(eplb_greedy(h_mean if c[1] == "forecast" else h_prev, ranks, slots, groups, nodes))
+            peaks.append(np.stack([_layer_peaks(t, h_obs, ranks) for t in plans]) / h_obs.sum(axis=1).mean())
+        peaks = np.stack(peaks)
+        best = cands[_pick(peaks, cands, config)]
+        if best[0] == "greedy":
+            src = load if best[1] == "forecast" else np.maximum(np.asarray(last, dtype=np.float64), 0.0)
+            try:
+                return _greedy_refined(src, ranks, slots, groups, nodes, config.max_swap_rounds), 0.0
+            except ValueError:  # more replicas of an expert than ranks: fall back to our own plans
+                best = ours[_pick(peaks[:, : len(ours)], ours, config)]
+    h, k = best
+    plan = _solve([(load, [load + h * sd], [load + k * sd])], ranks, slots, groups, nodes, config.max_swap_rounds)[0][0]
+    return plan, h
+
+
+def _pick(peaks: np.ndarray, cands: list[tuple], config: PlacementConfig) -> int:
+    """Index of the candidate to use from held-out peaks ``[W, K, L]`` (K = candidates, maybe + greedy).
+
+    The baseline is the unhedged plan (hedge 0, plain packing): the closest to what the last
+    windows alone say. Another candidate replaces it only if its per-layer peaks are lower by at
+    least ``config.evidence`` standard errors (paired over layers and windows), so one lucky
+    held-out window does not buy a hedge; among those, the lowest total wins.
+    """
+    w, k, layers = peaks.shape
+    base = cands.index((0.0, 0.0)) if (0.0, 0.0) in cands else 0
+    d = (peaks - peaks[:, base : base + 1]).transpose(1, 0, 2).reshape(k, -1)  # [K, W*L]
+    mean = d.mean(axis=1)
+    se = d.std(axis=1, ddof=1) / np.sqrt(d.shape[1]) if d.shape[1] > 1 else np.zeros(k)
+    ok = mean < -config.evidence * se - 1e-12
+    ok[base] = True
+    total = np.where(ok, peaks.sum(axis=(0, 2)), np.inf)
+    return int(np.argmin(total))
+
+
+def _greedy_refined(
+    load: np.ndarray, ranks: int, slots: int, groups: int | None, nodes: int | None, rounds: int
+) -> np.ndarray:
+    """EPLB greedy on ``load``, duplicates on a rank removed, then the swap search (inside nodes)."""
+    layers, n = load.shape
+    plan = eplb_greedy(load, ranks, slots, groups, nodes)
+    blocks = nodes if (groups and nodes and nodes > 1) else 1
+    ids = repair_duplicates(plan.reshape(layers * blocks, ranks // blocks, slots))
+    per = load / np.maximum(_presence(ids.reshape(layers, ranks, slots), n).sum(axis=1), 1)
+    ids = refine_swaps(ids, np.repeat(per, blocks, axis=0), rounds)
+    return ids.reshape(layers, -1)
 
 
 def plan_placement(
@@ -532,6 +597,7 @@ def plan_placement(
     std: np.ndarray | None = None,
     config: PlacementConfig = PlacementConfig(),
     holdout=None,
+    last: np.ndarray | None = None,
 ) -> PlacementResult:
     """Plan a placement for the next window.
 
@@ -541,7 +607,7 @@ def plan_placement(
     """
     load = np.maximum(np.asarray(load, dtype=np.float64), 0.0)
     layers, n = load.shape
-    fresh, hedge = _scratch(load, ranks, slots, groups, nodes, std, config, holdout)
+    fresh, hedge = _scratch(load, ranks, slots, groups, nodes, std, config, holdout, last)
     b_fresh = balancedness(fresh, load, ranks)
     if previous is None:
         return PlacementResult(fresh, b_fresh, None, 0, False, "scratch")

@@ -87,11 +87,14 @@ def test_forecast_holdout_is_the_forecast_before_each_window():
     for w in windows:
         before.append(f.forecast() if f.windows else None)
         f.update(w)
-    hold = f.forecast().holdout
+    fc = f.forecast()
+    hold = fc.holdout
     assert len(hold) == 3
-    for k, (mean, std, win) in zip((3, 4, 5), hold):
+    for k, (mean, std, win, prev) in zip((3, 4, 5), hold):
         assert np.array_equal(win, windows[k])  # the window that followed ...
         assert np.allclose(mean, before[k].mean) and np.allclose(std, before[k].std)  # ... the forecast made before it
+        assert np.array_equal(prev, windows[k - 1])  # ... and the window a last-window planner would have used
+    assert np.array_equal(fc.last, windows[-1])
 
 
 @pytest.mark.parametrize("ranks,slots,groups,nodes", [(16, 5, None, None), (36, 2, None, None), (16, 5, 8, 4)])
@@ -105,13 +108,15 @@ def test_hedge_chosen_on_holdout_windows(ranks, slots, groups, nodes):
         f.update(w)
     fc = f.forecast()
     hedges = (0.0, 3.0)
-    plan, hedge = pl._scratch(fc.mean, ranks, slots, groups, nodes, fc.std, PlacementConfig(hedges=hedges), fc.holdout)
+    # no greedy competitor, no evidence margin: the plain argmin over the held-out windows
+    cfg = PlacementConfig(hedges=hedges, greedy_candidate=False, evidence=0.0)
+    plan, hedge = pl._scratch(fc.mean, ranks, slots, groups, nodes, fc.std, cfg, fc.holdout)
     validate_map(placement_to_map(plan, ranks), 64, ranks, slots)
     # the choice is the hedge whose plans had the lower peaks on the held-out windows
     scores = []
     for h in hedges:
         total = 0.0
-        for mean, std, win in fc.holdout:
+        for mean, std, win, _ in fc.holdout:
             trial = place_from_scratch(mean, ranks, slots, groups, nodes, std,
                                        PlacementConfig(hedge=h, max_swap_rounds=0))
             total += rank_loads(trial, win, ranks).max(axis=1).sum() / win.sum(axis=1).mean()
@@ -139,3 +144,47 @@ def test_relabel_recovers_permuted_ranks():
     out = relabel_ranks(prev, new, 64)
     assert moved_slots(prev.reshape(3, -1), out.reshape(3, -1), 36, 64) == 0
     assert np.array_equal(np.sort(out.reshape(3, -1), axis=1), np.sort(new.reshape(3, -1), axis=1))
+
+
+def test_pick_needs_evidence_to_leave_the_unhedged_plan():
+    from ascend_runtime.balancer.placement import _pick
+
+    rng = np.random.default_rng(0)
+    cands = [(0.0, 0.0), (1.0, 0.0), ("greedy", "last")]
+    base = 1.0 + 0.1 * rng.random((3, 1, 40))
+    noisy = base + rng.normal(-0.002, 0.05, base.shape)  # a little lower in total, but within the noise
+    clear = base - 0.03 + rng.normal(0, 0.005, base.shape)  # lower on (nearly) every layer and window
+    peaks = np.concatenate([base, noisy, base + 0.1], axis=1)
+    assert noisy.sum() < base.sum()
+    assert _pick(peaks, cands, PlacementConfig()) == 0
+    assert _pick(peaks, cands, PlacementConfig(evidence=0.0)) == 1
+    peaks = np.concatenate([base, noisy, clear], axis=1)
+    assert _pick(peaks, cands, PlacementConfig()) == 2
+
+
+@pytest.mark.parametrize("ranks,slots,groups,nodes", [(16, 5, None, None), (36, 2, None, None), (8, 9, 8, 2)])
+def test_greedy_candidate_maps_validate_and_refine(trace, ranks, slots, groups, nodes):
+    from ascend_runtime.balancer.placement import _greedy_refined
+
+    plan = _greedy_refined(trace[0], ranks, slots, groups, nodes, 400)
+    assert validate_map(placement_to_map(plan, ranks), 64, ranks, slots) == []
+    greedy = eplb_greedy(trace[0], ranks, slots, groups, nodes)
+    assert balancedness(plan, trace[0], ranks) >= balancedness(greedy, trace[0], ranks) - 1e-9
+    if groups:  # swaps stay inside nodes: every group still on one node
+        from ascend_runtime.balancer.placement import _node_groups
+
+        assert _node_groups(plan.reshape(6, ranks, slots), groups, nodes, 64) is not None
+
+
+def test_greedy_on_last_window_wins_when_the_forecast_misleads():
+    """Held-out windows where the forecast is stale and the last window is right: greedy-last is used."""
+    from ascend_runtime.balancer import placement as pl
+
+    rng = np.random.default_rng(5)
+    layers, n, ranks, slots = 6, 64, 16, 5
+    wins = [rng.lognormal(0, 1.0, (layers, n)) * 100 for _ in range(4)]
+    stale = rng.lognormal(0, 1.0, (layers, n)) * 100  # unrelated to what comes next
+    holdout = [(stale, np.zeros_like(stale), wins[k], wins[k]) for k in range(3)]  # the next window repeats the last
+    plan, hedge = pl._scratch(stale, ranks, slots, None, None, np.zeros_like(stale), PlacementConfig(), holdout, wins[3])
+    assert np.array_equal(plan, pl._greedy_refined(wins[3], ranks, slots, None, None, PlacementConfig().max_swap_rounds))
+    assert validate_map(placement_to_map(plan, ranks), n, ranks, slots) == []
