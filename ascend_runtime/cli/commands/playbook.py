@@ -35,7 +35,7 @@ _STYLE = {"ok": "green", "changed": "yellow", "would_change": "cyan", "skip": "d
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `playbook list` and `playbook run`."""
-    parser = subparsers.add_parser("playbook", help="Run host playbooks (preflight, npu-network, facts) over SSH.")
+    parser = subparsers.add_parser("playbook", help="run host playbooks (preflight, npu-network, facts) over SSH")
     sub = parser.add_subparsers(dest="playbook_command", metavar="ACTION")
 
     lst = sub.add_parser("list", help="List the playbooks and the hardware kinds they apply to.")

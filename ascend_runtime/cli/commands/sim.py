@@ -18,7 +18,7 @@ from ascend_runtime.sim.config import SimConfig
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the `sim` sub-command."""
-    p = subparsers.add_parser("sim", help="Run an engine simulator (a vLLM-Ascend instance without NPUs).",
+    p = subparsers.add_parser("sim", help="run an engine simulator (a vLLM-Ascend instance without NPUs)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stack", help="Take every option of --instance from this stack's Plan (explicit flags are then ignored).")
     p.add_argument("--stacks-dir", help="Stacks directory for --stack (default: the project's stacks/).")
