@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from ascend_runtime.render.engine_args import engine_command
 from ascend_runtime.render.environment import rank_env
-from ascend_runtime.render.launch import hccn_conf, launch_script
-from ascend_runtime.render.paths import HCCN_CONF, LAUNCH_DIR, RANKTABLE_DIR
+from ascend_runtime.render.launch import hccn_conf, launch_script, leader_watch_script
+from ascend_runtime.render.paths import HCCN_CONF, LAUNCH_DIR, LEADER_WATCH, RANKTABLE_DIR
 from ascend_runtime.render.ranktables import rank_tables, ranktables_for_rank
 
 __all__ = [
-    "HCCN_CONF", "LAUNCH_DIR", "RANKTABLE_DIR", "engine_command", "hccn_conf", "launch_script",
+    "HCCN_CONF", "LAUNCH_DIR", "LEADER_WATCH", "RANKTABLE_DIR", "engine_command", "hccn_conf", "launch_script",
+    "leader_watch_script",
     "rank_env", "rank_tables", "ranktable_file", "ranktables_for_rank",
 ]
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ascend_runtime.config.inventory import Inventory
 from ascend_runtime.planner.plan import Plan
-from ascend_runtime.render.launch import deployment_sheet, hccn_conf, launch_script
+from ascend_runtime.render.launch import deployment_sheet, hccn_conf, launch_script, leader_watch_script
+from ascend_runtime.render.paths import LEADER_WATCH
 from ascend_runtime.render.ranktables import rank_tables
 
 def render_artifacts(plan: Plan, inventory: Inventory | None = None) -> dict[str, str]:
@@ -28,6 +29,7 @@ def render_artifacts(plan: Plan, inventory: Inventory | None = None) -> dict[str
         files[f"hccn/{node.name}.conf"] = hccn_conf(plan, node.name, inventory)
     for rank in plan.ranks:
         files[f"launch/{rank.name}.sh"] = launch_script(plan, rank)
+    files[f"launch/{LEADER_WATCH}"] = leader_watch_script()
     return dict(sorted(files.items()))
 
 

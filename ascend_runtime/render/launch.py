@@ -18,7 +18,14 @@ from ascend_runtime.hardware import hardware_spec
 from ascend_runtime.planner.plan import Plan, RankPlan
 from ascend_runtime.render.engine_args import connector, engine_command, graph_mode
 from ascend_runtime.render.environment import hccl_buffsize_mb, rank_env
-from ascend_runtime.render.paths import LAUNCH_DIR, RANKTABLE_DIR, launch_path, ranktable_path, templates_dir
+from ascend_runtime.render.paths import (
+    LAUNCH_DIR,
+    LEADER_WATCH,
+    RANKTABLE_DIR,
+    launch_path,
+    ranktable_path,
+    templates_dir,
+)
 from ascend_runtime.render.ranktables import PD_TABLE, ranktables_for_rank
 
 DEFAULT_STARTUP_TIMEOUT_S = 3600
@@ -44,6 +51,11 @@ def render_template(name: str, **context: Any) -> str:
 def _startup_timeout_s(plan: Plan) -> int:
     kube = plan.config.get("kubernetes") or {}
     return int(kube.get("startup_probe_seconds") or DEFAULT_STARTUP_TIMEOUT_S)
+
+
+def leader_watch_script() -> str:
+    """The shell library headless ranks source (templates/leader-watch.sh, shipped as is)."""
+    return (templates_dir() / LEADER_WATCH).read_text()
 
 
 def launch_script(plan: Plan, rank: RankPlan) -> str:

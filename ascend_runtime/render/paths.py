@@ -31,6 +31,10 @@ def ranktable_path(table: str) -> str:
     return f"{RANKTABLE_DIR}/{table}.json"
 
 
+#: The shell library every headless rank sources from beside its own script (templates/, copied as is).
+LEADER_WATCH = "leader-watch.sh"
+
+
 def launch_path(rank_name: str) -> str:
     """Container path of a rank's entrypoint script."""
     return f"{LAUNCH_DIR}/{rank_name}.sh"

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from ascend_runtime.planner import Plan
-from ascend_runtime.render.launch import hccn_conf, launch_script
+from ascend_runtime.render.launch import hccn_conf, launch_script, leader_watch_script
+from ascend_runtime.render.paths import LEADER_WATCH
 
 STACKS = ("a2-staging", "cm384-prod", "kind", "local")
 
@@ -24,6 +25,8 @@ def _write_scripts(plan: Plan, directory: Path) -> list[Path]:
         path.write_text(launch_script(plan, rank))
         path.chmod(0o755)
         paths.append(path)
+    (directory / LEADER_WATCH).write_text(leader_watch_script())
+    paths.append(directory / LEADER_WATCH)
     return paths
 
 
@@ -35,7 +38,9 @@ def test_scripts_pass_bash_n_and_shellcheck(plans: dict[str, Plan], stack: str, 
         assert result.returncode == 0, result.stderr
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck is required (tests/run.sh installs it)"
-    result = subprocess.run([shellcheck, "--severity=style", *map(str, paths)], capture_output=True, text=True)
+    # -x follows the `source` of leader-watch.sh (resolved beside each script)
+    result = subprocess.run([shellcheck, "-x", "--severity=style", *map(str, paths)], capture_output=True, text=True,
+                            cwd=tmp_path)
     assert result.returncode == 0, result.stdout
 
 
@@ -91,6 +96,7 @@ def test_headless_rank_exits_when_leader_goes_away(edited_plan, tmp_path: Path) 
     assert plan.instance("prefill-0").api_host == leader_host and not headless.is_leader
     script = tmp_path / "headless.sh"
     script.write_text(launch_script(plan, headless))
+    (tmp_path / LEADER_WATCH).write_text(leader_watch_script())
     log = tmp_path / "vllm.log"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -100,8 +100,11 @@ def instance_tables(ctx: Context, inst: InstancePlan) -> dict[str, str]:
 
 
 def launch_data(ctx: Context, inst: InstancePlan) -> dict[str, str]:
-    """ConfigMap data: one launch script per rank, and on simulated targets each node's hccn.conf."""
+    """ConfigMap data: one launch script per rank, the leader-watch library the headless ranks source,
+    and on simulated targets each node's hccn.conf."""
     data = {f"{r.name}.sh": renderers.launch_script(ctx.plan, r) for r in inst.ranks}
+    if len(inst.ranks) > 1:
+        data[renderers.LEADER_WATCH] = renderers.leader_watch_script()
     if ctx.simulated:
         for r in inst.ranks:
             data[f"hccn-{r.node}.conf"] = renderers.hccn_conf(ctx.plan, r.node)

@@ -103,56 +103,8 @@ readonly POLL_S="${ASCEND_DEPLOY_LEADER_POLL_S:-10}"
 readonly POLL_FAILURES="${ASCEND_DEPLOY_LEADER_FAILURES:-3}"
 
 "${engine_cmd[@]}" &
+# shellcheck disable=SC2034  # read by leader-watch.sh
 engine_pid=$!
-
-stop_engine() {
-  kill -TERM "$engine_pid" 2>/dev/null || true
-  for _ in $(seq 1 30); do
-    kill -0 "$engine_pid" 2>/dev/null || return 0
-    sleep 1
-  done
-  kill -KILL "$engine_pid" 2>/dev/null || true
-}
-trap 'stop_engine; exit 143' TERM INT
-
-leader_up() {
-  timeout 2 bash -c "exec 3<>/dev/tcp/$LEADER_HOST/$LEADER_PORT" 2>/dev/null
-}
-
-engine_alive() {
-  kill -0 "$engine_pid" 2>/dev/null
-}
-
-finish_with_engine() {
-  local status=0
-  wait "$engine_pid" || status=$?
-  echo "ascend-deploy: $RANK_NAME: engine exited with status $status" >&2
-  exit "$status"
-}
-
-started=$SECONDS
-until leader_up; do
-  engine_alive || finish_with_engine
-  if [ $((SECONDS - started)) -ge "$STARTUP_TIMEOUT_S" ]; then
-    echo "ascend-deploy: $RANK_NAME: leader $LEADER_HOST:$LEADER_PORT not up after ${STARTUP_TIMEOUT_S}s" >&2
-    stop_engine
-    exit 75
-  fi
-  sleep "$POLL_S"
-done
-
-failures=0
-while engine_alive; do
-  if leader_up; then
-    failures=0
-  else
-    failures=$((failures + 1))
-    if [ "$failures" -ge "$POLL_FAILURES" ]; then
-      echo "ascend-deploy: $RANK_NAME: leader $LEADER_HOST:$LEADER_PORT lost; restarting with the instance" >&2
-      stop_engine
-      exit 75
-    fi
-  fi
-  sleep "$POLL_S"
-done
-finish_with_engine
+# shellcheck source=leader-watch.sh
+source "${BASH_SOURCE[0]%/*}/leader-watch.sh"
+watch_leader
