@@ -12,6 +12,12 @@ boundaries so a ``recomputed`` event can be held back). Failure policy:
 - the client disconnects: the handler is cancelled, which closes the upstream
   connections (the engine aborts the request);
 - a 4xx answer from an instance is relayed to the client unchanged.
+
+Request ids: each request sent to an engine (every prefill try, every decode
+try, every recomputed continuation) gets a fresh ``X-Request-Id``; the client's
+``X-Request-Id`` (or one minted for it) goes to the engines as
+``X-Client-Request-Id``, is logged with every attempt id, and is returned to
+the client as ``X-Request-Id`` on every answer. See pd.py for why.
 """
 
 from __future__ import annotations
@@ -20,7 +26,6 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,12 +35,15 @@ from aiohttp import web
 from ascend_runtime.proxy.config import ProxyConfig
 from ascend_runtime.proxy.metrics import ProxyMetrics
 from ascend_runtime.proxy.pd import (
+    CLIENT_REQUEST_ID_HEADER,
     RECOMPUTED,
+    REQUEST_ID_HEADER,
     RecomputeTracker,
     build_decode_request,
     build_prefill_request,
     error_body,
     estimate_prompt_tokens,
+    new_request_id,
     sse_error_event,
     sse_events,
 )
@@ -96,6 +104,7 @@ class Forwarder:
         """Serve one completion request arriving at ``path`` (``/v1/completions`` ...)."""
         t0 = time.perf_counter()
         outcome = "upstream_error"
+        client_id = request.headers.get(REQUEST_ID_HEADER) or new_request_id()
         try:
             try:
                 req = json.loads(await request.read())
@@ -103,8 +112,11 @@ class Forwarder:
                     raise ValueError("body is not a JSON object")
             except ValueError as exc:
                 outcome = "client_error"
-                return _json_response(400, f"invalid JSON request: {exc}", "invalid_request_error")
-            resp, outcome = await self._run(request, path, req, t0)
+                resp = _json_response(400, f"invalid JSON request: {exc}", "invalid_request_error")
+            else:
+                resp, outcome = await self._run(request, path, req, t0, client_id)
+            if not resp.prepared:  # a streamed answer got the header when it was prepared
+                resp.headers[REQUEST_ID_HEADER] = client_id
             return resp
         except asyncio.CancelledError:
             outcome = "client_disconnect"
@@ -113,18 +125,19 @@ class Forwarder:
             self.metrics.requests.labels(path, outcome).inc()
             self.metrics.e2e.observe(time.perf_counter() - t0)
 
-    def _headers(self, request: web.Request, request_id: str) -> dict[str, str]:
-        h = {"Content-Type": "application/json", "X-Request-Id": request_id, "Accept-Encoding": "identity"}
+    @staticmethod
+    def _headers(request: web.Request, attempt_id: str, client_id: str) -> dict[str, str]:
+        """Headers of one engine request: its own fresh ``X-Request-Id``, the client's id apart."""
+        h = {"Content-Type": "application/json", REQUEST_ID_HEADER: attempt_id,
+             CLIENT_REQUEST_ID_HEADER: client_id, "Accept-Encoding": "identity"}
         auth = request.headers.get("Authorization")
         if auth:
             h["Authorization"] = auth
         return h
 
     async def _run(self, request: web.Request, path: str, req: dict[str, Any],
-                   t0: float) -> tuple[web.StreamResponse, str]:
+                   t0: float, client_id: str) -> tuple[web.StreamResponse, str]:
         stream = bool(req.get("stream", False))
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-        headers = self._headers(request, request_id)
         tracker = RecomputeTracker.for_request(req)
         failed_decodes: dict[str, str] = {}
         client_resp: web.StreamResponse | None = None
@@ -132,7 +145,7 @@ class Forwarder:
         while True:
             try:
                 self.pool.pick("decode", failed_decodes)  # fail fast, before any prefill work
-                p_state, p_tokens, kv_answer = await self._prefill(path, current, headers)
+                p_state, p_tokens, kv_answer = await self._prefill(request, path, current, client_id)
             except NoInstanceError as exc:
                 if exc.role == "decode":
                     exc = NoInstanceError("decode", {**exc.reasons, **failed_decodes})
@@ -150,7 +163,7 @@ class Forwarder:
                 exc = NoInstanceError("decode", {**exc.reasons, **failed_decodes})
                 return await self._fail(client_resp, 503, str(exc), "service_unavailable"), "no_instance"
             self.metrics.decisions.labels("decode", d_state.name).inc()
-            result = await self._decode(request, path, decode_req, headers, p_state, p_tokens, d_state,
+            result = await self._decode(request, path, decode_req, client_id, p_state, p_tokens, d_state,
                                         stream, tracker, client_resp, t0)
             kind = result[0]
             if kind == "done":
@@ -190,11 +203,12 @@ class Forwarder:
         return client_resp
 
     # ---------------------------------------------------------------- prefill
-    async def _prefill(self, path: str, req: dict[str, Any],
-                       headers: dict[str, str]) -> tuple[InstanceState, int, dict[str, Any]]:
+    async def _prefill(self, request: web.Request, path: str, req: dict[str, Any],
+                       client_id: str) -> tuple[InstanceState, int, dict[str, Any]]:
         """Run the prefill on the least-loaded prefill instance, retrying elsewhere.
 
-        Returns (instance, prompt tokens charged to it, prefill JSON answer). The
+        Every try is a new engine request with a fresh request id. Returns
+        (instance, prompt tokens charged to it, prefill JSON answer). The
         caller must ``pool.end(instance, tokens)`` once decode starts or fails.
         """
         payload = json.dumps(build_prefill_request(req)).encode()
@@ -210,10 +224,13 @@ class Forwarder:
                 raise
             tried.add(state.name)
             self.metrics.decisions.labels("prefill", state.name).inc()
+            attempt_id = new_request_id()
+            log.debug("request %s: prefill %s on %s", client_id, attempt_id, state.name)
             self.pool.begin(state, tokens)
             ok = False
             try:
-                async with self.session.post(state.spec.url + path, data=payload, headers=headers,
+                async with self.session.post(state.spec.url + path, data=payload,
+                                             headers=self._headers(request, attempt_id, client_id),
                                              timeout=self.prefill_timeout) as resp:
                     body = await resp.read()
                     if resp.status >= 500:
@@ -236,21 +253,25 @@ class Forwarder:
             finally:
                 if not ok:
                     self.pool.end(state, tokens)
+            log.warning("request %s: prefill %s on %s failed: %s", client_id, attempt_id, state.name, last)
             self.metrics.retries.labels("prefill", "prefill_failed").inc()
         raise NoInstanceError("prefill", {n: "failed for this request" for n in tried} | {"last error": last})
 
     # ---------------------------------------------------------------- decode
-    async def _decode(self, request: web.Request, path: str, decode_req: dict[str, Any], headers: dict[str, str],
+    async def _decode(self, request: web.Request, path: str, decode_req: dict[str, Any], client_id: str,
                       p_state: InstanceState, p_tokens: int, d_state: InstanceState, stream: bool,
                       tracker: RecomputeTracker, client_resp: web.StreamResponse | None,
                       t0: float) -> tuple[Any, ...]:
-        """Send ``decode_req`` to ``d_state`` and relay the answer.
+        """Send ``decode_req`` to ``d_state`` (a new engine request, fresh request id) and relay the answer.
 
         Returns ("done", resp) | ("client_error", resp) | ("retry", None, reason)
         | ("stream_error", resp) | ("recompute", resp).
         """
         pool = self.pool
         prefill_held = True
+        attempt_id = new_request_id()
+        log.debug("request %s: decode %s on %s (prefilled on %s)", client_id, attempt_id, d_state.name, p_state.name)
+        headers = self._headers(request, attempt_id, client_id)
         pool.begin(d_state)
         upstream: aiohttp.ClientResponse | None = None
         clean = False
@@ -273,16 +294,21 @@ class Forwarder:
             except (aiohttp.ClientError, asyncio.TimeoutError, UpstreamFailure) as exc:
                 failure = exc if isinstance(exc, UpstreamFailure) else _failure_from(d_state, exc, "decode")
                 pool.record_failure(d_state, failure.reason, failure.hard)
+                log.warning("request %s: decode %s on %s failed: %s", client_id, attempt_id, d_state.name,
+                            failure.reason)
                 return ("retry", None, failure.reason)
             if not first:
                 pool.record_failure(d_state, "decode closed the stream before the first byte")
+                log.warning("request %s: decode %s on %s closed the stream before the first byte", client_id,
+                            attempt_id, d_state.name)
                 return ("retry", None, "decode closed the stream before the first byte")
             pool.end(p_state, p_tokens)
             prefill_held = False
             if not stream:
                 clean = True
                 return self._finish_json(upstream, first, p_state, d_state, tracker, t0)
-            result = await self._relay_stream(request, upstream, first, p_state, d_state, tracker, client_resp, t0)
+            result = await self._relay_stream(request, upstream, first, p_state, d_state, tracker, client_resp, t0,
+                                              client_id, attempt_id)
             clean = result[0] == "done"
             return result
         finally:
@@ -294,6 +320,7 @@ class Forwarder:
 
     def _response_headers(self, p_state: InstanceState, d_state: InstanceState,
                           upstream: aiohttp.ClientResponse) -> dict[str, str]:
+        """Headers of the client's answer (``X-Request-Id`` is added by :meth:`handle` / the stream relay)."""
         return {
             "Content-Type": upstream.headers.get("Content-Type", "application/json"),
             "x-prefill-instance": p_state.name,
@@ -321,11 +348,14 @@ class Forwarder:
 
     async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, first: bytes,
                             p_state: InstanceState, d_state: InstanceState, tracker: RecomputeTracker,
-                            client_resp: web.StreamResponse | None, t0: float) -> tuple[Any, ...]:
+                            client_resp: web.StreamResponse | None, t0: float, client_id: str,
+                            attempt_id: str) -> tuple[Any, ...]:
         """Relay SSE bytes from ``upstream`` to the client until EOF, error or recompute."""
         m = self.metrics
         if client_resp is None:
-            client_resp = web.StreamResponse(status=200, headers=self._response_headers(p_state, d_state, upstream))
+            headers = self._response_headers(p_state, d_state, upstream)
+            headers[REQUEST_ID_HEADER] = client_id
+            client_resp = web.StreamResponse(status=200, headers=headers)
             await client_resp.prepare(request)
             m.ttft.observe(time.perf_counter() - t0)
         history: list[bytes] = []
@@ -371,7 +401,7 @@ class Forwarder:
                 except ConnectionError:
                     return ("client_gone", client_resp)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            return await self._stream_error(client_resp, d_state, exc)
+            return await self._stream_error(client_resp, d_state, exc, client_id, attempt_id)
         except ConnectionError:
             return ("client_gone", client_resp)
         finally:
@@ -381,12 +411,12 @@ class Forwarder:
         return ("done", client_resp)
 
     async def _stream_error(self, client_resp: web.StreamResponse, d_state: InstanceState,
-                            exc: BaseException) -> tuple[Any, ...]:
+                            exc: BaseException, client_id: str, attempt_id: str) -> tuple[Any, ...]:
         """Decode died after bytes were relayed: end the client's stream with an error event."""
         hard = isinstance(exc, MID_STREAM_ERRORS + HARD_ERRORS)
         reason = ("decode stream broke: " + exc.__class__.__name__) if hard else "decode stream stalled (idle timeout)"
         self.pool.record_failure(d_state, ("unreachable, " if hard else "") + reason, hard)
-        log.warning("decode %s failed mid-stream: %s", d_state.name, exc)
+        log.warning("request %s: decode %s on %s failed mid-stream: %r", client_id, attempt_id, d_state.name, exc)
         return ("stream_error", await self._fail(
             client_resp, 502, f"decode instance {d_state.name} failed mid-stream ({reason}); "
             "the answer is incomplete and was not retried", "upstream_error"))

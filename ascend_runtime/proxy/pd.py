@@ -12,12 +12,28 @@ load_balance_proxy_server_example.py``:
    re-sent (new prefill, new decode) with prompt = original prompt + text so far
    (chat: the first message's content) and ``max_tokens = original max_tokens -
    tokens so far + number of recomputes``.
+
+Request ids (as the reference mints one per prefill/decode pair,
+``assign_instances`` -> ``next_req_id()`` in that example, vllm-ascend
+v0.23.0): every request the proxy sends to an engine carries a fresh
+``X-Request-Id`` (:func:`new_request_id`), one per prefill try, per decode try
+and per recomputed continuation, never the client's. vLLM 0.23.0 takes the
+engine request id from that header (``_base_request_id`` in
+vllm/entrypoints/openai/engine/serving.py; it wins over a body ``request_id``)
+and answers ``id = "cmpl-<it>"`` / ``"chatcmpl-<it>"``. The prefill and decode
+legs of one attempt do not share an id: the Mooncake connector hands the
+prefill's own engine id to the decode in ``kv_transfer_params.remote_request_id``
+(``MooncakeConnectorScheduler.request_finished`` in
+vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py, v0.23.0),
+which the proxy copies through unchanged. The client's ``X-Request-Id`` travels
+separately in ``X-Client-Request-Id`` (vLLM ignores it).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +46,15 @@ PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
     "remote_port": None,
 }
 RECOMPUTED = "recomputed"
+#: Header carrying the engine request id (vLLM reads it); a fresh value per attempt.
+REQUEST_ID_HEADER = "X-Request-Id"
+#: Header carrying the client's own X-Request-Id to the engines (informational; vLLM ignores it).
+CLIENT_REQUEST_ID_HEADER = "X-Client-Request-Id"
+
+
+def new_request_id() -> str:
+    """A fresh request id (32 hex digits): one per engine attempt, and for clients that sent none."""
+    return uuid.uuid4().hex
 
 
 def build_prefill_request(req: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,14 @@ content plus ``CHAT_TOKENS_PER_MESSAGE`` per message (role and template
 markers). Each generated token is one word. There is no EOS: generation always
 stops at ``max_tokens`` (``finish_reason`` "length"), with or without
 ``ignore_eos``; ``max_tokens`` defaults to ``DEFAULT_MAX_TOKENS``.
+
+Request ids follow vLLM 0.23.0 (vllm/entrypoints/openai/engine/serving.py
+``_base_request_id``; completion/serving.py and chat_completion/serving.py;
+vllm/v1/engine/input_processor.py ``assign_request_id``): the base id is the
+``X-Request-Id`` header, else the body's ``request_id``, else a random 16-hex
+id; the answer's ``id`` is ``cmpl-<base>`` (chat ``chatcmpl-<base>``); the
+engine-side id is ``cmpl-<base>-0`` (chat ``chatcmpl-<base>``) plus ``-`` and 8
+random hex digits, so a duplicate base id is accepted, not refused.
 """
 
 from __future__ import annotations
@@ -36,6 +44,27 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     kv_transfer_params: dict[str, Any] | None
+    #: Base request id (X-Request-Id header, else body ``request_id``, else random).
+    request_id: str = ""
+
+    @property
+    def response_id(self) -> str:
+        """The answer's ``id``: ``cmpl-<base>`` / ``chatcmpl-<base>``, as vLLM builds it."""
+        return ("chatcmpl-" if self.chat else "cmpl-") + self.request_id
+
+
+def random_uuid() -> str:
+    """vLLM's ``random_uuid``: 16 hex digits."""
+    return f"{uuid.uuid4().int & ((1 << 64) - 1):016x}"
+
+
+def engine_request_id(req: ParsedRequest) -> str:
+    """The engine-side id of a (single-prompt) request: vLLM's sub-request id plus its random suffix.
+
+    Unique even when clients reuse an X-Request-Id (vLLM 0.23.0 ``assign_request_id``).
+    """
+    sub = req.response_id if req.chat else f"{req.response_id}-0"
+    return f"{sub}-{random_uuid()[:8]}"
 
 
 def _count_words(text: Any) -> int:
@@ -46,10 +75,14 @@ def _count_words(text: Any) -> int:
     return 0
 
 
-def parse(body: Any, chat: bool, served_model: str, max_model_len: int) -> ParsedRequest:
-    """Validate a request body; raises BadRequest."""
+def parse(body: Any, chat: bool, served_model: str, max_model_len: int,
+          header_request_id: str | None = None) -> ParsedRequest:
+    """Validate a request body; raises BadRequest. ``header_request_id``: the X-Request-Id header, if any."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    body_id = body.get("request_id")
+    if body_id is not None and not isinstance(body_id, str):
+        raise BadRequest("request_id must be a string")
     model = body.get("model", served_model)
     if model != served_model:
         raise BadRequest(f"The model `{model}` does not exist.")
@@ -87,8 +120,9 @@ def parse(body: Any, chat: bool, served_model: str, max_model_len: int) -> Parse
     kv = body.get("kv_transfer_params")
     if kv is not None and not isinstance(kv, dict):
         raise BadRequest("kv_transfer_params must be an object")
+    rid = header_request_id if header_request_id is not None else (body_id if body_id is not None else random_uuid())
     return ParsedRequest(chat, model, prompt, max_tokens, bool(body.get("stream", False)),
-                         bool(isinstance(so, dict) and so.get("include_usage")), kv)
+                         bool(isinstance(so, dict) and so.get("include_usage")), kv, rid)
 
 
 def word(i: int) -> str:
@@ -101,7 +135,7 @@ class Responder:
 
     def __init__(self, req: ParsedRequest) -> None:
         self.req = req
-        self.id = ("chatcmpl-" if req.chat else "cmpl-") + uuid.uuid4().hex
+        self.id = req.response_id
         self.created = int(time.time())
 
     def usage(self, completion: int) -> dict[str, int]:

@@ -198,10 +198,13 @@ class Engine:
                 pass
 
     # ---- requests --------------------------------------------------------------
-    def submit(self, prompt_tokens: int, max_tokens: int, prefilled: bool = False, stream: bool = False) -> Sequence:
+    def submit(self, prompt_tokens: int, max_tokens: int, prefilled: bool = False, stream: bool = False,
+               req_id: str | None = None) -> Sequence:
         """Queue a request; ``prefilled`` means its KV arrived from a prefill instance.
 
         ``stream``: set ``seq.event`` after every step that gives the sequence tokens (not only at the end).
+        ``req_id``: the engine-side request id (``api.engine_request_id``; default ``seq-N``). Like vLLM's
+        engine-side ids it is made unique by the caller, so it is not checked here.
         """
         if prompt_tokens + max_tokens > self.kv_capacity:
             raise EngineFull(
@@ -209,7 +212,7 @@ class Engine:
                 f"({self.kv_capacity} tokens)"
             )
         now = asyncio.get_running_loop().time()
-        seq = Sequence(f"seq-{next(self._ids)}", prompt_tokens, max_tokens,
+        seq = Sequence(req_id or f"seq-{next(self._ids)}", prompt_tokens, max_tokens,
                        computed=prompt_tokens if prefilled else 0, arrival=now, last_token_at=now, stream=stream)
         self.waiting.append(seq)
         self._wake.set()

@@ -5,11 +5,14 @@ engine on the running loop and returns a :class:`SimHandle` (``.url``,
 ``.port``, ``.kv_port``, ``.engine_id``, ``await .stop()``);
 ``run_simulator(config)`` does the same in a fresh loop until SIGINT/SIGTERM.
 Routes are listed in docs/simulator.md. Every response carries ``x-instance``.
+The ids of recent completion requests are kept in ``SimState.request_ids``
+(:class:`RequestIds`, in-process only) for tests and debugging.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import os
@@ -34,6 +37,25 @@ from ascend_runtime.sim.metrics import SimMetrics
 log = logging.getLogger("ascend_runtime.sim")
 #: Wall seconds a decode waits on a KV pull before answering 502.
 KV_PULL_TIMEOUT_S = 60.0
+#: Completion requests whose ids are kept in ``SimState.request_ids``.
+REQUEST_IDS_KEPT = 1024
+
+
+@dataclass
+class RequestIds:
+    """The ids of one completion request as this instance saw them (recorded on arrival).
+
+    ``header``: its X-Request-Id (None if absent); ``response_id``: the answer's ``id``;
+    ``internal_id``: the engine-side id (unique, vLLM-style random suffix; also the
+    ``remote_request_id`` a prefill announces); ``remote_request_id``: on a decode, the
+    prefill's id from ``kv_transfer_params``. Fields stay None when the request was
+    refused before they were known.
+    """
+
+    header: str | None
+    response_id: str | None = None
+    internal_id: str | None = None
+    remote_request_id: str | None = None
 
 
 @dataclass
@@ -48,6 +70,8 @@ class SimState:
     ready_at: float
     kv_port: int = 0
     stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    request_ids: collections.deque[RequestIds] = field(
+        default_factory=lambda: collections.deque(maxlen=REQUEST_IDS_KEPT))
 
 
 def load_expert_map_file(path: str, cfg: SimConfig) -> ExpertMap:
@@ -84,6 +108,8 @@ class Handlers:
 
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         st = self.st
+        ids = RequestIds(request.headers.get("X-Request-Id"))
+        st.request_ids.append(ids)
         if not self.ready():
             return _error("engine is starting", 503, "ServiceUnavailableError")
         await st.faults.before_request()
@@ -95,13 +121,18 @@ class Handlers:
         except (json.JSONDecodeError, UnicodeDecodeError):
             return _error("request body is not JSON", 400)
         try:
-            req = api.parse(body, chat, st.cfg.model, st.cfg.model_shape().max_model_len)
+            req = api.parse(body, chat, st.cfg.model, st.cfg.model_shape().max_model_len, ids.header)
         except api.BadRequest as exc:
             return _error(str(exc), 400)
+        # vLLM 0.23.0 accepts a request id that is already live: the engine-side id gets a random suffix
+        # (vllm/v1/engine/input_processor.py assign_request_id), so there is no duplicate check here.
+        ids.response_id, ids.internal_id = req.response_id, api.engine_request_id(req)
         kvp = req.kv_transfer_params or {}
         headers: dict[str, str] = {}
         prefilled = False
         if kvp.get("do_remote_prefill"):
+            rrid = kvp.get("remote_request_id")
+            ids.remote_request_id = None if rrid is None else str(rrid)
             try:
                 res = await self._pull(kvp)
             except KVPullError as exc:
@@ -114,7 +145,8 @@ class Handlers:
             if res.tokens != req.prompt_tokens:
                 headers["x-kv-token-mismatch"] = f"{res.tokens}!={req.prompt_tokens}"
         try:
-            seq = st.engine.submit(req.prompt_tokens, req.max_tokens, prefilled=prefilled, stream=req.stream)
+            seq = st.engine.submit(req.prompt_tokens, req.max_tokens, prefilled=prefilled, stream=req.stream,
+                                   req_id=ids.internal_id)
         except EngineFull as exc:
             return _error(str(exc), 400)
         resp = api.Responder(req)
@@ -130,8 +162,11 @@ class Handlers:
         out = resp.full(seq.generated, seq.finish_reason or "length")
         if kvp.get("do_remote_decode"):
             entry = st.kv.hold(req.prompt_tokens)
+            # remote_request_id: the prefill's engine-side id, as vllm-ascend's Mooncake connector announces it
+            # (MooncakeConnectorScheduler.request_finished, kv_p2p/mooncake_connector.py, v0.23.0)
             out["kv_transfer_params"] = {
                 "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": st.kv.engine_id,
+                "remote_request_id": seq.req_id,
                 "remote_block_ids": entry.block_ids, "remote_host": st.cfg.kv_host, "remote_port": st.kv_port,
                 "tp_size": st.cfg.tp,
             }

@@ -3,9 +3,18 @@
 Follows the simulator contract: OpenAI completions/chat (SSE or JSON), PD
 kv_transfer_params handshake, /health (503 until ready), /metrics with vLLM
 names, POST /admin/faults, ``x-instance`` header, one token per word. For
-tests it also records every request it got (``stub.requests``) and the exact
-bytes of each answer (``stub.sent``), and can answer ``stop_reason:
-"recomputed"`` after ``recompute_after`` tokens (once).
+tests it also records every request it got (``stub.requests``), the
+``X-Request-Id`` / ``X-Client-Request-Id`` headers of each (``stub.request_ids``,
+``stub.client_request_ids``, same order) and the exact bytes of each answer
+(``stub.sent``), and can answer ``stop_reason: "recomputed"`` after
+``recompute_after`` tokens (once).
+
+Request ids: a request whose ``X-Request-Id`` is already live on this stub is
+refused with 400 and a vLLM 0.23-shaped error body. This is a deliberate
+tripwire, stricter than vLLM 0.23.0, which accepts a duplicate external id and
+makes the engine-side id unique itself (vllm/v1/engine/input_processor.py
+``assign_request_id``); it lets the proxy tests catch an attempt id reused
+while it is still running.
 
 Run standalone: ``python -m tests.proxy.stub_engine --role decode --name d0 --port 8200``.
 """
@@ -42,6 +51,10 @@ class StubEngine:
     kv_usage: float = 0.0
     faults: Faults = field(default_factory=Faults)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    request_ids: list[str | None] = field(default_factory=list)
+    client_request_ids: list[str | None] = field(default_factory=list)
+    live_ids: set[str] = field(default_factory=set)
+    refused_duplicates: int = 0
     sent: list[bytes] = field(default_factory=list)
     cancelled: int = 0
     running: int = 0
@@ -87,7 +100,17 @@ class StubEngine:
 
     async def completion(self, request: web.Request) -> web.StreamResponse:
         req = await request.json()
+        rid = request.headers.get("X-Request-Id")
         self.requests.append(req)
+        self.request_ids.append(rid)
+        self.client_request_ids.append(request.headers.get("X-Client-Request-Id"))
+        if rid is not None and rid in self.live_ids:
+            self.refused_duplicates += 1
+            msg = f"request id {rid!r} is already running on {self.name} (stub tripwire)"
+            return web.json_response({"error": {"message": msg, "type": "BadRequestError", "param": None,
+                                                 "code": 400}}, status=400, headers=self._hdr())
+        if rid is not None:
+            self.live_ids.add(rid)
         self.running += 1
         try:
             if self.faults.hang:
@@ -105,6 +128,8 @@ class StubEngine:
             raise
         finally:
             self.running -= 1
+            if rid is not None:
+                self.live_ids.discard(rid)
 
     def _prefill_answer(self, req: dict[str, Any], chat: bool) -> web.Response:
         kv = req.get("kv_transfer_params") or {}
