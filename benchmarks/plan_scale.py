@@ -1,6 +1,6 @@
 """Plan a generated CloudMatrix 384 pool: 16 super pods, 768 servers, 12,288 NPU devices.
 
-Goal (issue 2): under 3 s and 500 MB. Each repetition runs in a fresh
+Goal: under 3 s and 500 MB. Each repetition runs in a fresh
 subprocess so peak RSS belongs to one planning run; the inventory is built as
 plain data, validated by the same pydantic models as a file would be, then
 planned (validation, placement, memory, invariants, JSON).
@@ -95,7 +95,7 @@ def main() -> None:
     from benchmarks.report import machine_line, write_section
 
     table = (
-        "## Planner scale (issue 2)\n\n"
+        "## Planner scale\n\n"
         "Command: `python -m benchmarks.plan_scale --repeats {n}`\n\n"
         "Generated CM384 pool: {pods} super pods, {servers} servers, {devices} NPU devices; "
         "{inst} instances (16 prefill DP2/TP8/EP16 and 8 decode DP64/EP64 per pod). "

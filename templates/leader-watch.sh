@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# leader-watch.sh: sourced by every headless rank's entrypoint (launch/<instance>-rank<k>.sh).
-# Shipped as is by `ascend-deploy render` and the launch ConfigMaps; not a template.
+# leader-watch.sh: sourced by the per-rank entrypoint of every headless rank (launch/<instance>-rank<k>.sh).
+# Shipped as is by `ascend-deploy render` and the launch ConfigMaps of instances deployed per rank; not a
+# template. A LeaderWorkerSet instance's workers (launch/<instance>-worker.sh) do not use it: the
+# controller recreates the whole group.
 #
 # Whole-instance restart (docs/rendering.md): after starting its engine, a headless rank
 # calls watch_leader. It waits up to STARTUP_TIMEOUT_S for the leader's API port, then polls
@@ -22,7 +24,9 @@ stop_engine() {
 }
 
 leader_up() {
-  timeout 2 bash -c "exec 3<>/dev/tcp/$LEADER_HOST/$LEADER_PORT" 2>/dev/null
+  # the host and port are arguments of the inner shell, never part of its code
+  # shellcheck disable=SC2016  # $1 and $2 expand in the inner shell
+  timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2"' leader-up "$LEADER_HOST" "$LEADER_PORT" 2>/dev/null
 }
 
 engine_alive() {

@@ -20,7 +20,7 @@ from ascend_runtime.checks.smoke import CheckFailed, CheckItem, SmokeContext
 from ascend_runtime.planner.plan import Plan
 from ascend_runtime.render.artifacts import render_artifacts
 from ascend_runtime.render.launch import launch_script
-from ascend_runtime.render.ranktables import rank_tables, schema_name
+from ascend_runtime.render.ranktables import PD_TABLE, pd_device_ip, rank_tables, schema_name
 from ascend_runtime.render.schemas import load_schema
 
 
@@ -36,9 +36,12 @@ def _device_entries(table: dict) -> list[dict]:
 def check_tables_against_plan(plan: Plan) -> str:
     """Schema and invariants of every rendered table; raises CheckFailed naming the table."""
     tables = rank_tables(plan)
-    node_ip = {(r.node, d.device_ip): r.host_ip for r in plan.ranks for d in r.devices}
-    plan_ips = {ip for _, ip in node_ip}
+    roce_ip = {(r.node, d.device_ip): r.host_ip for r in plan.ranks for d in r.devices}
     for name, table in tables.items():
+        # the PD table lists the address LLMDataDist uses (VNIC on A3), the HCCL tables the RoCE port IP
+        node_ip = ({(r.node, pd_device_ip(plan, d)): r.host_ip for r in plan.ranks for d in r.devices}
+                   if name == PD_TABLE else roce_ip)
+        plan_ips = {ip for _, ip in node_ip}
         try:
             jsonschema.validate(table, load_schema(schema_name(plan, name)))
         except jsonschema.ValidationError as exc:
@@ -54,7 +57,7 @@ def check_tables_against_plan(plan: Plan) -> str:
         rank_ids = [int(e["rank_id"]) for e in entries if "rank_id" in e]
         if rank_ids and sorted(rank_ids) != list(range(len(rank_ids))):
             raise CheckFailed(f"ranktables/{name}.json: rank ids are not dense from 0")
-    return f"{len(tables)} tables valid, {len(plan_ips)} devices as planned"
+    return f"{len(tables)} tables valid, {len(roce_ip)} devices as planned"
 
 
 def check_scripts_against_plan(plan: Plan) -> str:

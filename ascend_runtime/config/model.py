@@ -4,13 +4,22 @@ Defaults are the published DeepSeek-V3/R1 shape (facts file, section 1):
 61 layers = 3 dense + 58 MoE, 256 routed experts + 1 shared, top-8 of 8 groups,
 hidden 7168, expert FFN 2048, dense FFN 18432, vocab 129280, MLA caching
 512 latent + 64 rope values per token per layer, 1 MTP layer.
+
+The shape must be self-consistent (:meth:`ModelShape._consistent`): at least one
+MoE layer, top-k within the routed experts, experts split evenly into groups.
+``weights_path`` is where the
+engine finds the weights; the engine pod mounts its parent directory, so the
+parent must be a directory of its own (not ``/`` nor a system directory).
 """
 
 from __future__ import annotations
 
+import posixpath
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ascend_runtime.config.errors import SYSTEM_DIRS, AbsolutePath, Token, invalid
 
 Quantization = Literal["w8a8", "bf16"]
 
@@ -24,10 +33,14 @@ WEIGHT_BYTES: dict[str, float] = {"w8a8": 1.0, "bf16": 2.0}
 class ModelShape(BaseModel):
     """The transformer shape; every size the planner and simulator need derives from it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    name: str = Field("deepseek-ai/DeepSeek-R1", description="Served model name (OpenAI `model`).")
-    weights_path: str = Field("/data/models/DeepSeek-R1-W8A8", description="Model directory inside the engine container.")
+    name: Token = Field("deepseek-ai/DeepSeek-R1", description="Served model name (OpenAI `model`; no spaces).")
+    weights_path: AbsolutePath = Field(
+        "/data/models/DeepSeek-R1-W8A8",
+        description="Model directory inside the engine container: absolute, normalised, at least two levels deep "
+        "(its parent directory is mounted).",
+    )
     quantization: Quantization = Field("w8a8", description="Weight quantisation: w8a8 (Ascend A8W8 dynamic) or bf16.")
     num_layers: int = Field(61, ge=1, description="Transformer layers (dense + MoE).")
     num_dense_layers: int = Field(3, ge=0, description="Leading dense FFN layers.")
@@ -46,8 +59,41 @@ class ModelShape(BaseModel):
     qk_rope_head_dim: int = Field(64, ge=1, description="Rope values cached per token per layer.")
     qk_nope_head_dim: int = Field(128, ge=1)
     v_head_dim: int = Field(128, ge=1)
-    kv_cache_dtype_bytes: int = Field(2, ge=1, description="Bytes per cached KV value (BF16 = 2).")
+    kv_cache_dtype_bytes: int = Field(2, description="Bytes per cached KV value: 1 (INT8), 2 (BF16) or 4 (FP32).")
     max_model_len: int = Field(32768, ge=1, description="Longest context the engine accepts (tokens).")
+
+    @field_validator("kv_cache_dtype_bytes")
+    @classmethod
+    def _dtype_bytes(cls, value: int) -> int:
+        if value not in (1, 2, 4):
+            raise invalid("is no KV cache data type's size", "write 1 (INT8), 2 (BF16) or 4 (FP32)")
+        return value
+
+    @field_validator("weights_path")
+    @classmethod
+    def _mountable(cls, value: str) -> str:
+        parent = posixpath.dirname(value)
+        if parent == "/" or parent in SYSTEM_DIRS:
+            raise invalid(
+                f"the engine pod mounts the weights' parent directory, here {parent}",
+                f"keep the weights in a directory of their own, e.g. '/data/models/{posixpath.basename(value)}'",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelShape":
+        if self.num_dense_layers >= self.num_layers:
+            raise invalid(f"leaves no MoE layer: num_dense_layers {self.num_dense_layers} >= num_layers {self.num_layers}",
+                          f"set num_dense_layers below {self.num_layers} (DeepSeek-V3/R1: 3 of 61)", at="num_dense_layers")
+        if self.experts_per_token > self.num_routed_experts:
+            raise invalid(f"top-k {self.experts_per_token} exceeds num_routed_experts {self.num_routed_experts}",
+                          f"set experts_per_token to {self.num_routed_experts} or less (DeepSeek-V3/R1: 8)",
+                          at="experts_per_token")
+        if self.num_expert_groups > self.num_routed_experts or self.num_routed_experts % self.num_expert_groups:
+            raise invalid(f"num_routed_experts {self.num_routed_experts} cannot be split into "
+                          f"{self.num_expert_groups} equal groups", "use a divisor of num_routed_experts (DeepSeek-V3/R1: 8)",
+                          at="num_expert_groups")
+        return self
 
     @property
     def num_moe_layers(self) -> int:

@@ -34,6 +34,8 @@ stackConfigDir: stacks
 
 def _type_name(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:  # a checked type (config/errors.py): documented by its base type
+        return _type_name(typing.get_args(annotation)[0])
     if origin is typing.Literal:
         return " | ".join(json.dumps(a) for a in typing.get_args(annotation))
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):

@@ -7,25 +7,43 @@ ignored here. Secrets (``secure:`` values) are never read into this model:
 only the Pulumi program reads them, through ``pulumi.Config().get_secret``.
 
 Every model forbids unknown keys, so a misspelt key is an error naming its
-path. Units: milliseconds for SLOs, GiB for memory, seconds for timeouts.
+path, and validates strictly: YAML types matter (``tp: true`` or ``tp: "8"``
+is no integer, ``version: 1.30`` no string). Values that become Kubernetes
+names, mounts or images have the types of :mod:`ascend_runtime.config.errors`
+(docs/validation.md). Units: milliseconds for SLOs, GiB for memory, seconds
+for timeouts.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
+from ascend_runtime.config.errors import (
+    AbsolutePath,
+    DnsLabel,
+    DnsSubdomain,
+    ImageRef,
+    ResourceName,
+    invalid,
+    is_env_name,
+    relative_path_problem,
+    shorten,
+)
 from ascend_runtime.config.inventory import Inventory
 from ascend_runtime.config.model import ModelShape
 
 PROJECT = "ascend-deepseek"
 Role = Literal["prefill", "decode"]
 Target = Literal["kubernetes", "kind", "local"]
+#: pydantic error type of invalid ``engine.extra_env`` names; ``ctx["problems"]`` lists (variable, message, hint).
+ENV_NAME_ERROR = "env_name"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StageConfig(_Strict):
@@ -54,36 +72,142 @@ class StageConfig(_Strict):
     hccl_buffsize_mb: int | None = Field(
         None, ge=1, description="HCCL_BUFFSIZE (MB); default 256 on prefill, 1024 on decode."
     )
-    graph_mode: bool | None = Field(None, description="torchair graph mode; default on for decode, off for prefill.")
+    graph_mode: bool | None = Field(
+        None,
+        description="Decode graphs (torchair on 0.11, aclgraph FULL_DECODE_ONLY on 0.23); default on for decode, off for prefill.",
+    )
+    graph_capture_sizes: list[int] | None = Field(
+        None, description="Graph batch sizes in tokens per DP rank, distinct and positive (default: the engine's own list)."
+    )
+    eplb: "EplbStageConfig | None" = Field(
+        None, description="In-engine expert balancing of this stage; needed when redundant_experts > 0."
+    )
+    api_server_count: int | None = Field(
+        None, ge=1, description="API server processes of the leader (default: sized from slo.expected_request_rate)."
+    )
+    recompute_scheduler: bool | None = Field(
+        None, description="Recompute scheduler (decode only; default on for decode where the release has it)."
+    )
+    multistream_overlap_shared_expert: bool = Field(
+        False, description="Overlap the shared expert with routed experts on a second stream."
+    )
+    micro_batching: bool = Field(False, description="Two-micro-batch compute/communication overlap (vLLM --enable-dbo).")
     hccl_intra: Literal["pcie", "roce"] = Field(
         "pcie", description="HCCL path inside a node: sets HCCL_INTRA_PCIE_ENABLE=1 (pcie) or HCCL_INTRA_ROCE_ENABLE=1 (roce)."
     )
+
+    @field_validator("graph_capture_sizes")
+    @classmethod
+    def _capture_sizes(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (any(v < 1 for v in value) or len(set(value)) != len(value)):
+            raise invalid("graph sizes must be distinct positive token counts", "e.g. [8, 16, 32, 64]")
+        return value
 
 
 class ModelStagingConfig(_Strict):
     """Weights pre-staged on every host; the preflight playbook checks the directory is complete."""
 
-    dir: str = Field(description="Model directory on the hosts.")
-    files: dict[str, int] = Field(default_factory=dict, description="File name -> size in bytes.")
+    dir: AbsolutePath = Field(description="Model directory on the hosts (absolute, normalised, not a system directory).")
+    files: dict[str, int] = Field(
+        default_factory=dict, description="File name (relative to dir, no '..') -> size in bytes."
+    )
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, size in value.items():
+            problem = relative_path_problem(name)
+            if problem:
+                raise invalid(f"file {name[:60]!r} {problem[0]}", problem[1], at=shorten(name))
+            if size < 0:
+                raise invalid(f"file {name[:60]!r} has a negative size", "write the size in bytes", at=shorten(name))
+        return value
+
+
+class EplbStageConfig(_Strict):
+    """In-engine expert balancing of one stage (vLLM-Ascend EPLB guide of the targeted release).
+
+    ``dynamic``: the engine collects expert heat and moves experts itself
+    (``eplb_config`` on 0.23, ``dynamic_eplb`` on 0.11; env ``DYNAMIC_EPLB=true``).
+    Intervals count engine steps; unset ones take the guide's values per role.
+    """
+
+    mode: Literal["dynamic"] = Field("dynamic", description="dynamic: the engine rebalances experts at run time.")
+    policy: Literal["random", "default", "swift_balancer", "flashlb"] = Field(
+        "swift_balancer", description="Balancing policy (eplb_policy_type); the guide recommends swift_balancer."
+    )
+    heat_collection_interval: int | None = Field(
+        None, ge=1, description="Steps between expert heat collections (default: prefill 50, decode 600)."
+    )
+    algorithm_execution_interval: int | None = Field(
+        None, ge=1, description="Steps between balancing runs (default: prefill 5, decode 50)."
+    )
+
+
+_MOVED_ENGINE_KEYS = {
+    "dynamic_eplb": "set prefill.eplb / decode.eplb (per stage: their EP sizes differ)",
+    "expert_map_path": "set prefill.eplb / decode.eplb (static maps cannot be shared by stages of different EP sizes)",
+}
 
 
 class EngineConfig(_Strict):
-    """The vLLM-Ascend engine image and version-dependent switches."""
+    """The vLLM-Ascend engine release and its image."""
 
-    image: str = Field("quay.io/ascend/vllm-ascend:v0.9.1", description="Engine container image.")
-    vllm_ascend_version: str = Field("0.9.1", description="vLLM-Ascend release; picks the KV connector dialect.")
-    kv_connector: Literal["auto", "llmdatadist", "mooncake"] = Field(
-        "auto", description="auto: LLMDataDist for 0.9.1 to 0.10.x, Mooncake from 0.11."
+    image: ImageRef | None = Field(
+        None, description="Engine container image (default: quay.io/ascend/vllm-ascend:v<version>, -a3 on cm384)."
     )
-    dynamic_eplb: bool = Field(False, description="In-engine dynamic EPLB (sets DYNAMIC_EPLB=true).")
-    expert_map_path: str | None = Field(None, description="Static expert map file inside the container.")
+    vllm_ascend_version: str = Field(
+        "0.23.0", description="vLLM-Ascend release; must have an engine surface (docs/engine-surfaces.md)."
+    )
+    kv_connector: Literal["auto", "llmdatadist", "mooncake"] = Field(
+        "auto", description="auto: the release's PD connector (Mooncake on 0.11 and 0.23)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: object) -> object:
+        if isinstance(data, dict):
+            for key, fix in _MOVED_ENGINE_KEYS.items():
+                if key in data:
+                    raise ValueError(f"engine.{key} is no longer read: {fix}")
+        return data
+
     hccl_connect_timeout_s: int = Field(7200, ge=120, le=7200, description="HCCL_CONNECT_TIMEOUT (s).")
     extra_args: list[str] = Field(default_factory=list, description="Extra engine command-line arguments.")
-    extra_env: dict[str, str] = Field(default_factory=dict, description="Extra engine environment variables.")
+    extra_env: dict[str, str | dict] = Field(
+        default_factory=dict,
+        description="Extra engine environment variables: NAME: value, or a secret reference {secret: <pulumi config key>} "
+        "or {secretKeyRef: {name: <Secret>, key: <key>}} (docs/kubernetes.md, Secrets).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _extra_env(cls, data: object) -> object:
+        """Names are env names; secret-looking names need a reference (ascend_runtime.config.secrets)."""
+        if isinstance(data, dict) and "extra_env" in data:
+            from ascend_runtime.config.secrets import check_extra_env  # noqa: PLC0415
+
+            data = {**data, "extra_env": check_extra_env(data["extra_env"])}
+        return data
+
+    @field_validator("extra_env")
+    @classmethod
+    def _extra_env_names(cls, value: dict[str, object]) -> dict[str, object]:
+        """Every variable name is an environment name, ``[A-Za-z_][A-Za-z0-9_]*``."""
+        bad = [(name, "not an environment variable name", "use letters, digits and _, not starting with a digit")
+               for name in value if not is_env_name(name)]
+        if bad:
+            raise PydanticCustomError(ENV_NAME_ERROR, "invalid engine.extra_env names", {"problems": bad})
+        return value
 
 
 class PortsConfig(_Strict):
-    """Port bases; per-instance ports are base + instance ordinal (prefill first)."""
+    """Port bases; per-instance ports are base + instance ordinal (prefill first).
+
+    Every range stays above 1023, clear of the cluster's own ports (kubelet,
+    kube-proxy, etcd, API server, NodePorts) and of the other ranges
+    (``ascend_runtime.planner.validation.check_ports``).
+    """
 
     api_base: int = Field(8000, ge=1024, le=65535, description="OpenAI API port of instance 0.")
     kv_base: int | None = Field(None, ge=1024, le=65535, description="KV transfer port base (default by hardware).")
@@ -98,6 +222,9 @@ class SloConfig(_Strict):
 
     ttft_ms: float = Field(2000.0, gt=0, description="Time to first token (ms).")
     tpot_ms: float = Field(100.0, gt=0, description="Time per output token (ms).")
+    expected_request_rate: float | None = Field(
+        None, gt=0, description="Requests/s the whole deployment is sized for (sizes API server processes)."
+    )
 
 
 class ThroughputCheckConfig(_Strict):
@@ -119,37 +246,71 @@ class SimulatorConfig(_Strict):
     speedup: float = Field(1.0, gt=0, description="Divides all simulated time.")
     startup_delay_s: float = Field(0.0, ge=0, description="Seconds before /health turns 200.")
     link_gbps: float = Field(50.0, gt=0, description="Modelled KV link rate between nodes (GB/s).")
-    image: str = Field("ascend-deploy-runtime:dev", description="Runtime image running the simulator on kind.")
+    image: ImageRef = Field("ascend-deploy-runtime:dev", description="Runtime image running the simulator on kind.")
 
 
 class DevicePluginConfig(_Strict):
-    """The Ascend device plugin DaemonSet, installed only when the cluster lacks it."""
+    """The Ascend device plugin, installed only when the cluster lacks it.
 
-    install: bool = Field(False, description="Install the Ascend device plugin DaemonSet.")
-    image: str = Field("ascendhub.huawei.com/public-ascendhub/ascend-k8sdeviceplugin", description="Device plugin image.")
-    version: str = Field("v6.0.0", description="Device plugin image tag.")
+    The objects are MindCluster's manifest of the pinned release
+    (``ascend_runtime/deploy/objects/device_plugin.py`` ``RELEASE``); ``version`` defaults to
+    that release's image tag. Use an image of the same release as the manifest.
+    """
+
+    install: bool = Field(
+        False,
+        description="Install MindCluster's Ascend device plugin (ServiceAccount, ClusterRole, ClusterRoleBinding, DaemonSet in kube-system).",
+    )
+    image: str = Field("ascendhub.huawei.com/public-ascendhub/ascend-k8sdeviceplugin", description="Device plugin image (without tag).")
+    version: str = Field("v26.1.0", description="Device plugin image tag: the pinned MindCluster release (v26.1.0).")
+
+
+class LwsConfig(_Strict):
+    """The LeaderWorkerSet controller multi-node engine instances run under.
+
+    The kit pins kubernetes-sigs/lws v0.10.0 (``ascend_runtime/deploy/objects/lws.py`` ``RELEASE``).
+    Default: a prerequisite the program checks (it reads the LeaderWorkerSet CRD before creating any);
+    ``install`` makes the cluster preparation apply that release's manifest.
+    """
+
+    install: bool = Field(
+        False,
+        description="Apply the pinned LeaderWorkerSet release manifest (CRD, controller in lws-system); "
+        "false: the cluster must already have it (the program checks the CRD).",
+    )
 
 
 class KubernetesConfig(_Strict):
     """Cluster-side settings for the Pulumi program."""
 
-    namespace: str = Field("deepseek", description="Namespace of every namespaced object.")
-    version: str = Field("1.30", description="Kubernetes minor version the objects are validated against.")
-    npu_resource: str = Field("huawei.com/Ascend910", description="Extended resource of the device plugin.")
-    runtime_image: str = Field("ascend-deploy-runtime:0.1.0", description="Image with proxy, balancer, checks.")
+    namespace: DnsLabel = Field("deepseek", description="Namespace of every namespaced object (DNS-1123 label).")
+    version: str = Field(
+        "1.30", pattern=r"^1\.[0-9]{1,3}$", description="Kubernetes minor version the objects are validated against (quoted, \"1.30\")."
+    )
+    npu_resource: ResourceName = Field("huawei.com/Ascend910", description="Extended resource of the device plugin.")
+    runtime_image: ImageRef = Field("ascend-deploy-runtime:0.1.0", description="Image with proxy, balancer, checks.")
     device_plugin: DevicePluginConfig = Field(default_factory=DevicePluginConfig, description="Ascend device plugin.")
-    runtime_class: str | None = Field(None, description="RuntimeClass of engine pods (created with handler `ascend`); None: default runtime.")
-    runtime_class_handler: str = Field("ascend", description="CRI handler of the RuntimeClass.")
+    lws: LwsConfig = Field(default_factory=LwsConfig, description="LeaderWorkerSet controller of multi-node engine instances.")
+    runtime_class: DnsSubdomain | None = Field(
+        None, description="RuntimeClass of engine pods (created with handler `ascend`; DNS-1123 subdomain); None: default runtime."
+    )
+    runtime_class_handler: DnsLabel = Field("ascend", description="CRI handler of the RuntimeClass (DNS-1123 label).")
     shm_size_gib: int = Field(64, ge=1, description="Memory-backed /dev/shm of each engine pod (GiB).")
     model_source: Literal["hostPath", "pvc"] = Field("hostPath", description="Weights pre-staged on every node, or a shared PVC.")
-    model_host_path: str = Field("/data/models", description="Host directory holding the weights (hostPath source).")
-    model_pvc_name: str | None = Field(None, description="PersistentVolumeClaim holding the weights (pvc source).")
+    model_host_path: AbsolutePath = Field(
+        "/data/models", description="Host directory holding the weights (hostPath source; absolute, normalised, not a system directory)."
+    )
+    model_pvc_name: DnsSubdomain | None = Field(
+        None, description="PersistentVolumeClaim holding the weights (pvc source; DNS-1123 subdomain)."
+    )
     startup_probe_seconds: int = Field(3600, ge=60, description="Time an engine may take to load before it is restarted (s).")
     termination_grace_seconds: int = Field(120, ge=0, description="Grace period of engine pods (s).")
     taint_nodes: bool = Field(True, description="Taint serving nodes `ascend-deepseek/serving=<role>:NoSchedule`.")
     proxy_replicas: int = Field(2, ge=1, description="PD proxy replicas.")
     prometheus_operator: bool = Field(False, description="The cluster has the Prometheus operator CRDs (ServiceMonitor/PodMonitor).")
-    monitoring_namespace: str = Field("monitoring", description="Namespace of Prometheus (allowed to scrape engine ports).")
+    monitoring_namespace: DnsLabel = Field(
+        "monitoring", description="Namespace of Prometheus (allowed to scrape engine ports; DNS-1123 label)."
+    )
     grafana_dashboard: bool = Field(True, description="Create the Grafana dashboard ConfigMap (label grafana_dashboard=1).")
     post_deploy_checks: bool = Field(True, description="Run the smoke + throughput check Job; its failure fails `pulumi up`.")
     checks_timeout_seconds: int = Field(1800, ge=60, description="Deadline of the post-deploy check Job (s).")
@@ -161,12 +322,15 @@ class KubernetesConfig(_Strict):
         return self
 
 
+StageConfig.model_rebuild()
+
+
 class StackConfig(_Strict):
     """Everything one stack asks for (the project's Pulumi config namespace)."""
 
     hardware: Literal["atlas-800i-a2", "cm384"] = Field(description="Server kind of every node.")
     target: Target = Field("kubernetes", description="kubernetes (real NPUs), kind or local (simulated NPUs).")
-    inventory: str = Field(description="Host inventory file, relative to stacks/.")
+    inventory: str = Field(description="Host inventory file, relative to stacks/ and inside it (a regular UTF-8 file).")
     allow_cross_super_pod: bool = Field(False, description="CM384: let one instance span super pods.")
     model: ModelShape = Field(default_factory=ModelShape, description="DeepSeek-V3/R1 shape and weights.")
     model_staging: ModelStagingConfig | None = Field(
@@ -180,6 +344,13 @@ class StackConfig(_Strict):
     throughput_check: ThroughputCheckConfig = Field(default_factory=ThroughputCheckConfig, description="Post-deploy throughput check.")
     simulator: SimulatorConfig = Field(default_factory=SimulatorConfig, description="Engine simulator (local and kind targets only).")
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig, description="Cluster settings of the Pulumi program.")
+
+    @field_validator("inventory")
+    @classmethod
+    def _inventory_path(cls, value: str) -> str:
+        if not value or value.startswith(("/", "~")) or "\\" in value:
+            raise invalid("must be a path relative to the stacks directory", "e.g. 'inventories/<stack>.yaml'")
+        return value
 
     @property
     def simulated(self) -> bool:

@@ -16,7 +16,13 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from ascend_runtime.deploy.objects import K8sObject, SystemObjects
-from ascend_runtime.deploy.objects.common import EXPERT_MAP_CONFIGMAP, SECRET_KEYS, secret_placeholder
+from ascend_runtime.config.errors import ConfigError, Problem
+from ascend_runtime.config.secrets import set_secret_command
+from ascend_runtime.deploy.objects.common import EXPERT_MAP_CONFIGMAP, SECRET_KEYS, env_pulumi_secrets, placeholder_key
+from ascend_runtime.deploy.objects.cluster import lws_prerequisite
+from ascend_runtime.deploy.objects.faults import PROXY_ADMIN_SECRET, fault_watcher_objects
+from ascend_runtime.deploy.objects.lws import RELEASE as LWS_RELEASE
+from ascend_runtime.render.environment import secret_env_references
 from ascend_runtime.planner.plan import InstancePlan, Plan
 
 TYPE_PREFIX = "ascend-deepseek:deploy"
@@ -36,9 +42,11 @@ RESOURCE_CLASSES: dict[tuple[str, str], type[pulumi.CustomResource]] = {
     ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
     ("rbac.authorization.k8s.io/v1", "Role"): k8s.rbac.v1.Role,
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): k8s.rbac.v1.RoleBinding,
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): k8s.rbac.v1.ClusterRole,
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): k8s.rbac.v1.ClusterRoleBinding,
     ("node.k8s.io/v1", "RuntimeClass"): k8s.node.v1.RuntimeClass,
 }
-WORKLOAD_KINDS = ("Deployment", "DaemonSet")
+WORKLOAD_KINDS = ("Deployment", "DaemonSet", "LeaderWorkerSet")
 
 
 def _snake(key: str) -> str:
@@ -52,10 +60,31 @@ def _with_secrets(value: Any) -> Any:
     if isinstance(value, list):
         return [_with_secrets(v) for v in value]
     if isinstance(value, str):
-        for key in SECRET_KEYS:
-            if value == secret_placeholder(key):
-                return pulumi.Config().require_secret(key)
+        key = placeholder_key(value)
+        if key is not None:
+            return pulumi.Config().require_secret(key)
     return value
+
+
+def _placeholders(value: Any) -> list[str]:
+    """Secret placeholders anywhere in ``value``."""
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in _placeholders(v)]
+    if isinstance(value, list):
+        return [p for v in value for p in _placeholders(v)]
+    key = placeholder_key(value) if isinstance(value, str) else None
+    return [key] if key is not None else []
+
+
+def secret_inputs(obj: K8sObject) -> dict[str, Any]:
+    """The object's inputs with secret values: only a Secret carries them; a placeholder elsewhere is a kit bug."""
+    body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}
+    if obj["kind"] == "Secret" and obj["apiVersion"] == "v1":
+        return {k: _with_secrets(v) for k, v in body.items()}
+    stray = _placeholders(body)
+    if stray:
+        raise ValueError(f"{obj['kind']} {obj['metadata'].get('name')}: secret placeholders {stray} outside a Secret")
+    return body
 
 
 def resource_name(obj: K8sObject) -> str:
@@ -67,7 +96,7 @@ def resource_name(obj: K8sObject) -> str:
 def register(obj: K8sObject, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
     """Wrap one object dict in its typed pulumi_kubernetes resource."""
     api_version, kind = obj["apiVersion"], obj["kind"]
-    body = {_snake(k): _with_secrets(v) for k, v in obj.items() if k not in ("apiVersion", "kind")}
+    body = {_snake(k): v for k, v in secret_inputs(obj).items()}
     cls = RESOURCE_CLASSES.get((api_version, kind))
     if cls is None:
         if "." not in api_version.split("/")[0]:
@@ -115,21 +144,49 @@ class _ObjectsComponent(pulumi.ComponentResource):
         return {}
 
 
+@dataclass
+class ClusterPrepArgs(ObjectsArgs):
+    """The cluster objects and what the engines need of the LeaderWorkerSet controller (``lws_prerequisite``)."""
+
+    lws: str | None = None
+
+
 class ClusterPrep(_ObjectsComponent):
-    """Namespace, RuntimeClass, device plugin, secrets and node labels/taints (NodePatch)."""
+    """Namespace, RuntimeClass, device plugin, secrets, node labels/taints (NodePatch) and the
+    LeaderWorkerSet prerequisite.
+
+    ``lws == "check"``: reads the pinned CRD (``CustomResourceDefinition.get``), so ``pulumi preview``/``up``
+    fails before creating anything when the cluster lacks the controller; ``"install"``: applies the pinned
+    release manifest (``yaml.v2.ConfigFile``, resolved by the provider at deploy time). The engines depend
+    on this component, so their LeaderWorkerSets come after either.
+    """
 
     type_name = "ClusterPrep"
+
+    def __init__(self, name: str, args: ObjectsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(name, args, opts)
+        lws = getattr(args, "lws", None)
+        self.lws: pulumi.Resource | None = None
+        if lws == "check":
+            self.lws = k8s.apiextensions.v1.CustomResourceDefinition.get(
+                LWS_RELEASE.crd_name, LWS_RELEASE.crd_name, opts=pulumi.ResourceOptions(parent=self))
+        elif lws == "install":
+            self.lws = k8s.yaml.v2.ConfigFile(
+                f"lws-{LWS_RELEASE.tag}", file=LWS_RELEASE.manifest_url, opts=pulumi.ResourceOptions(parent=self))
+        elif lws is not None:
+            raise ValueError(f"unknown LeaderWorkerSet prerequisite {lws!r}")
 
 
 @dataclass
 class EngineInstanceArgs(ObjectsArgs):
-    """One engine instance: its Plan entry and its objects (ConfigMaps, rank Deployments, Service, PDB)."""
+    """One engine instance: its Plan entry and its objects (ConfigMaps, the LeaderWorkerSet or rank
+    Deployments, Service, PDB)."""
 
     instance: InstancePlan | None = None
 
 
 class EngineInstance(_ObjectsComponent):
-    """All ranks of one vLLM-Ascend instance; ``workloads`` are the rank Deployments."""
+    """All ranks of one vLLM-Ascend instance; ``workloads`` are its LeaderWorkerSet or its Deployments."""
 
     type_name = "EngineInstance"
 
@@ -154,6 +211,12 @@ class Balancer(_ObjectsComponent):
         if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == EXPERT_MAP_CONFIGMAP:
             return {"ignore_changes": ["data"]}
         return {}
+
+
+class FaultWatcher(_ObjectsComponent):
+    """The fault watcher: proxy admin token Secret, RBAC, topology ConfigMap, Deployment, Service, NetworkPolicies."""
+
+    type_name = "FaultWatcher"
 
 
 class NetworkPolicies(_ObjectsComponent):
@@ -189,7 +252,8 @@ class ServingSystem(pulumi.ComponentResource):
         super().__init__(f"{TYPE_PREFIX}:ServingSystem", name, None, opts)
         objs = args.objects
         child = pulumi.ResourceOptions(parent=self)
-        self.cluster = ClusterPrep("cluster", ObjectsArgs(objs.cluster + objs.node_patches), child)
+        self.cluster = ClusterPrep("cluster", ClusterPrepArgs(objs.cluster + objs.node_patches,
+                                                              lws=lws_prerequisite(args.plan)), child)
         base = [self.cluster]
         self.engines: dict[str, EngineInstance] = {
             name: EngineInstance(name, EngineInstanceArgs(o, base, args.plan.instance(name)), child)
@@ -197,6 +261,9 @@ class ServingSystem(pulumi.ComponentResource):
         }
         self.proxy = Proxy("proxy", ObjectsArgs(objs.proxy, base), child)
         self.balancer = Balancer("balancer", ObjectsArgs(objs.balancer, base), child) if objs.balancer else None
+        faults = fault_watcher_objects(args.plan, pulumi.Config().get_secret(PROXY_ADMIN_SECRET) is not None,
+                                       present_secrets())
+        self.faults = FaultWatcher("faults", ObjectsArgs(faults, base), child) if faults else None
         self.network = NetworkPolicies("network", ObjectsArgs(objs.network, base), child)
         self.monitoring = Monitoring("monitoring", ObjectsArgs(objs.monitoring, base), child)
         workloads = [*self.engines.values(), self.proxy, *([self.balancer] if self.balancer else [])]
@@ -211,3 +278,18 @@ def present_secrets() -> frozenset[str]:
     """Secret config keys set on the stack (read with ``get_secret``; values never leave Pulumi)."""
     config = pulumi.Config()
     return frozenset(k for k in SECRET_KEYS if config.get_secret(k) is not None)
+
+
+def require_env_secrets(plan: Plan) -> None:
+    """Every Pulumi secret an ``engine.extra_env`` variable references is set; raises ConfigError before
+    any resource is registered, naming the variable and the command (never a value)."""
+    config = pulumi.Config()
+    missing = {key for key in env_pulumi_secrets(plan) if config.get_secret(key) is None}
+    problems = [
+        Problem(f"engine.extra_env.{name}", f"references the Pulumi secret {ref['secret']!r}, which is not set", None,
+                f"run `{set_secret_command(ref['secret'])}`")
+        for name, ref in secret_env_references(plan).items()
+        if ref.get("secret") in missing
+    ]
+    if problems:
+        raise ConfigError(problems, f"stack {plan.stack}")

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 import yaml
 
 from ascend_runtime.deploy.objects import K8sObject, build_system, deploys_to_kubernetes
+from ascend_runtime.deploy.objects.faults import PROXY_ADMIN_SECRET, fault_watcher_objects
 from ascend_runtime.planner.plan import Plan
 
 
@@ -35,4 +36,6 @@ def manifest_files(plan: Plan, secrets: Iterable[str] | None = None) -> dict[str
     for group, objs in build_system(plan, keys).groups():
         for i, obj in enumerate(objs):
             files[f"{group}/{file_name(i, obj)}"] = to_yaml(obj)
+    for i, obj in enumerate(fault_watcher_objects(plan, PROXY_ADMIN_SECRET in keys, frozenset(keys))):
+        files[f"faults/{file_name(i, obj)}"] = to_yaml(obj)
     return files

@@ -9,9 +9,10 @@ from __future__ import annotations
 import pulumi
 
 from ascend_runtime.deploy import renderers
-from ascend_runtime.deploy.components import ServingSystem, ServingSystemArgs, present_secrets
+from ascend_runtime.deploy.components import ServingSystem, ServingSystemArgs, present_secrets, require_env_secrets
 from ascend_runtime.deploy.objects import build_system, deploys_to_kubernetes
 from ascend_runtime.deploy.objects.common import digest
+from ascend_runtime.engine.conformance import require_conformance
 from ascend_runtime.planner import Plan, load_plan
 
 
@@ -48,7 +49,9 @@ def main(stack_name: str | None = None) -> Plan:
     its stack registers no Kubernetes objects, only the outputs (`ascend-deploy up --stack local` runs it).
     """
     plan = load_plan(stack_name or pulumi.get_stack())
+    require_conformance(plan)  # every flag, key, env var and connector exists in the targeted release
     if deploys_to_kubernetes(plan):
+        require_env_secrets(plan)  # every Pulumi secret engine.extra_env references is set, before any resource
         ServingSystem(plan.stack, ServingSystemArgs(plan, build_system(plan, present_secrets())))
     export_plan_summary(plan)
     return plan

@@ -4,7 +4,19 @@ Each host runs every step in order in its own worker; a failing step or an
 unreachable host never stops the other hosts. Results are handed to
 ``on_result`` as they arrive (from worker threads, serialised by a lock).
 ``compare`` steps are evaluated once all hosts are done, since they need
-every host's value.
+every host's value. The sessions of a run share one
+:class:`~ascend_runtime.hosts.ssh.Connector` (known_hosts read once, one
+jump-host connection); its warnings go to ``on_warning`` and the report.
+
+Faults are results, never exceptions: a step's ``timeout_s`` is one deadline
+for the step on a host, whatever number of devices it covers (a command
+started after it passed is not run; a command still running at it is killed);
+a refused sudo, a timeout, output over the capture cap and output a parser
+rejects (an impossible address) fail the device they belong to, with the
+reason. A ``set`` step whose current value could not be read fails ("could not
+read"), in ``--check`` too, instead of reporting a change. Failed results
+carry the device ids they cover (``failed_devices``; empty for a host-level
+failure), so the facts merge can keep the other devices' facts.
 """
 
 from __future__ import annotations
@@ -25,7 +37,15 @@ from ascend_runtime.config.inventory import Inventory, Node
 from ascend_runtime.hosts.parsers import PARSERS, key_value_file
 from ascend_runtime.hosts.playbook import Playbook, Step
 from ascend_runtime.hosts.quoting import TemplateError, render, render_value
-from ascend_runtime.hosts.ssh import CommandResult, ConnectOptions, Endpoint, HostKeyError, Session, SshError
+from ascend_runtime.hosts.ssh import (
+    CommandResult,
+    ConnectOptions,
+    Connector,
+    Endpoint,
+    HostKeyError,
+    Session,
+    SshError,
+)
 from ascend_runtime.hosts.versions import check_range
 
 DEVICES_PER_NODE = {"atlas-800i-a2": 8, "cm384": 16}
@@ -46,6 +66,7 @@ class StepResult:
     details: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     cross_host: bool = False
+    failed_devices: list[int] = field(default_factory=list)  # device ids of failed units; empty: the host failed
 
 
 @dataclass
@@ -58,6 +79,7 @@ class RunReport:
     results: list[StepResult] = field(default_factory=list)
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     unreachable: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # run-wide (known_hosts lines skipped or ignored)
 
     def failed_hosts(self) -> list[str]:
         """Hosts with at least one failed step (unreachable and refused hosts included)."""
@@ -71,6 +93,7 @@ class RunReport:
             "check": self.check,
             "failed_hosts": self.failed_hosts(),
             "unreachable": sorted(self.unreachable),
+            "warnings": list(self.warnings),
             "results": [asdict(r) for r in self.results],
         }
 
@@ -111,6 +134,7 @@ class Runner:
         vars_all: dict[str, Any] | None = None,
         vars_hosts: dict[str, dict[str, Any]] | None = None,
         on_result: Callable[[StepResult], None] | None = None,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
         self.playbook = playbook
         self.inventory = inventory
@@ -121,6 +145,7 @@ class Runner:
         self.vars_all = vars_all or {}
         self.vars_hosts = vars_hosts or {}
         self._on_result = on_result
+        self._on_warning = on_warning
         self._lock = threading.Lock()
         self._compare: dict[str, dict[str, dict[str, Any]]] = {}
 
@@ -131,10 +156,35 @@ class Runner:
         nodes = [n for n in self.inventory.nodes if not limit or n.name in limit or str(n.host_ip) in limit
                  or (n.ssh_host and n.ssh_host in limit)]
         self._report = report
-        with ThreadPoolExecutor(max_workers=min(self.forks, max(1, len(nodes)))) as pool:
-            list(pool.map(self._run_host, nodes))
+        nodes = self._refuse_contradicting_facts(nodes)
+        self._connector = Connector(self.connect)
+        try:
+            for warning in self._connector.known_hosts.warnings:
+                report.warnings.append(warning)
+                if self._on_warning is not None:
+                    self._on_warning(warning)
+            with ThreadPoolExecutor(max_workers=min(self.forks, max(1, len(nodes)))) as pool:
+                list(pool.map(self._run_host, nodes))
+        finally:
+            self._connector.close()
         self._finish_compares(nodes)
         return report
+
+    def _refuse_contradicting_facts(self, nodes: list[Node]) -> list[Node]:
+        """Hosts whose inventory entry contradicts the hardware (vnic_ip on A2) fail; nothing runs on them."""
+        problems = self.inventory.hardware_problems(self.hardware)
+        keep = []
+        wanted = {id(n) for n in nodes}
+        for i, node in enumerate(self.inventory.nodes):
+            if id(node) not in wanted:
+                continue
+            mine = [p for p in problems if p.path.startswith(f"inventory.nodes[{i}].")]
+            if mine:
+                self._emit(StepResult(node.name, "inventory", "fail",
+                                      "inventory refused; nothing run: " + "; ".join(map(str, mine))))
+            else:
+                keep.append(node)
+        return keep
 
     def _emit(self, result: StepResult) -> None:
         with self._lock:
@@ -164,7 +214,7 @@ class Runner:
 
     def _run_host(self, node: Node) -> None:
         start = time.monotonic()
-        session = Session(self._endpoint(node), self.connect)
+        session = Session(self._endpoint(node), self.connect, connector=self._connector)
         try:
             session.connect()
         except HostKeyError as exc:
@@ -222,6 +272,7 @@ class Runner:
                 netmask=_s(dev.netmask) or None if dev else None,
                 gateway=_s(dev.gateway) or None if dev else None,
                 netdetect=_s(dev.netdetect) or None if dev else None,
+                vnic_ip=_s(dev.vnic_ip) or None if dev else None,  # A3 VNIC IP; device_ip is the RoCE port IP
             )
             if step.foreach == "device":
                 units.append(_Unit(f"device {dev_id}", dctx, dev_id))
@@ -237,27 +288,30 @@ class Runner:
 
     def _run_step(self, session: Session, node: Node, step: Step, ctx: dict[str, Any],
                   facts: dict[str, Any]) -> StepResult:
-        outcomes: list[tuple[str, str, str]] = []  # (status, label, message)
+        deadline = time.monotonic() + step.timeout_s  # one deadline for the step on this host
+        outcomes: list[tuple[str, str, str, int | None]] = []  # (status, label, message, device id)
         active: list[_Unit] = []
         for unit in self._units(node, step, ctx):
             if any(not unit.ctx.get(name) for name in step.when):
-                outcomes.append(("skip", unit.label, "not applicable"))
+                outcomes.append(("skip", unit.label, "not applicable", unit.device_id))
             else:
                 active.append(unit)
         if step.type == "set":
             # read every device's current value in one exec; set (and re-read) only where it differs
-            gets = (self._run_batch(session, step, [render(step.get or "", u.ctx) for u in active])
+            gets = (self._run_batch(session, step, [render(step.get or "", u.ctx) for u in active], deadline)
                     if len(active) > 1 else [None] * len(active))
-            evaluated = [(u, self._run_set(session, step, u.ctx, g)) for u, g in zip(active, gets)]
+            evaluated = [(u, self._run_set(session, step, u.ctx, deadline, g)) for u, g in zip(active, gets)]
         elif len(active) > 1:
-            results = self._run_batch(session, step, [self._unit_command(step, u.ctx) for u in active])
+            results = self._run_batch(session, step, [self._unit_command(step, u.ctx) for u in active], deadline)
             evaluated = [(u, self._evaluate(step, u.ctx, r)) for u, r in zip(active, results)]
         else:
-            evaluated = [(u, self._evaluate(step, u.ctx, session.run(self._unit_command(step, u.ctx),
-                                                                      timeout_s=step.timeout_s, become=step.become)))
+            evaluated = [(u, self._evaluate(step, u.ctx, self._run_one(session, step, self._unit_command(step, u.ctx),
+                                                                        deadline)))
                          for u in active]
         for unit, (status, message, parsed) in evaluated:
-            outcomes.append((status, unit.label, message))
+            outcomes.append((status, unit.label, message, unit.device_id))
+            if status == "fail":
+                parsed = None  # a failed device's reading is never kept as a fact or compared
             if step.register_as and parsed is not None:
                 if unit.device_id is None:
                     facts[step.register_as] = parsed
@@ -269,29 +323,49 @@ class Runner:
                         parsed, step.field or "")
         return self._aggregate(node.name, step, outcomes)
 
-    def _run_batch(self, session: Session, step: Step, commands: list[str]) -> list[CommandResult]:
+    def _run_one(self, session: Session, step: Step, command: str, deadline: float) -> CommandResult:
+        """Run one command within what is left of the step's deadline (not at all once it passed)."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return _not_run(command, step)
+        return session.run(command, timeout_s=left, become=step.become)
+
+    def _run_batch(self, session: Session, step: Step, commands: list[str], deadline: float) -> list[CommandResult]:
         """Run the per-device commands of one step in one SSH exec (stderr merged into stdout).
 
         Each command runs in its own subshell between random markers, so one
-        device's output or exit status can never be taken for another's.
+        device's output or exit status can never be taken for another's. The
+        batch has the step's one deadline: devices not reached by then are
+        reported as not run.
         """
         token = secrets.token_hex(8)
         script = "; ".join(
             f"printf '\\n@@{token} {i}@@\\n'; ( {cmd} ) 2>&1; printf '\\n@@{token} rc %s@@\\n' \"$?\""
             for i, cmd in enumerate(commands)
         )
-        res = session.run(script, timeout_s=step.timeout_s * len(commands), become=step.become)
+        res = self._run_one(session, step, script, deadline)
         found: dict[str, str] = {}
         rcs: dict[str, str] = {}
         for idx, body, rc in re.findall(rf"\n@@{token} (\d+)@@\n(.*?)\n@@{token} rc (\d+)@@", res.stdout, re.S):
             found[idx], rcs[idx] = body, rc
+        started = [int(i) for i in re.findall(rf"\n@@{token} (\d+)@@\n", res.stdout)]
+        running = max(started) if started and str(max(started)) not in found else None
         out = []
         for i, cmd in enumerate(commands):
             if str(i) in found:
                 out.append(CommandResult(cmd, int(rcs[str(i)]), found[str(i)], "", res.duration_s))
+            elif res.not_run or (res.timed_out and running is not None and i > running):
+                out.append(_not_run(cmd, step))
+            elif res.timed_out:
+                out.append(CommandResult(cmd, None, "", "", res.duration_s, timed_out=True, notes=list(res.notes)))
+            elif res.become_refused:
+                out.append(CommandResult(cmd, res.rc, "", res.stderr, res.duration_s, become_refused=True))
+            elif res.stdout_dropped:
+                out.append(CommandResult(cmd, None, "", "", res.duration_s, stdout_dropped=res.stdout_dropped,
+                                         notes=[f"output truncated before this device's result: {n}"
+                                                for n in res.notes if "truncated" in n]))
             else:
-                why = "timed out" if res.timed_out else f"batch ended early: {_err(res)}"
-                out.append(CommandResult(cmd, None, "", why, res.duration_s, timed_out=res.timed_out))
+                out.append(CommandResult(cmd, None, "", f"batch ended early: {_err(res, step)}", res.duration_s))
         return out
 
     def _unit_command(self, step: Step, ctx: dict[str, Any]) -> str:
@@ -299,78 +373,116 @@ class Runner:
             return "cat -- " + render("{_path}", {"_path": render(step.path or "", ctx, shell=False)})
         return render(step.command or "", ctx)
 
+    def _no_output(self, step: Step, res: CommandResult, parsing: bool) -> str | None:
+        """Why ``res`` gives nothing to judge (sudo refused, timed out or not run, truncated), else None."""
+        if res.become_refused:
+            return (f"sudo refused: {_first_line(res.stderr) or f'rc={res.rc}'}; fix: allow {self.inventory.ssh.user} "
+                    f"passwordless sudo (NOPASSWD) on this host, or log in as root")
+        if res.timed_out:
+            return _err(res, step)
+        if parsing and res.truncated:
+            return (f"output truncated ({'; '.join(n for n in res.notes if 'truncated' in n)}); a partial output is "
+                    f"not parsed: make the command print less")
+        return None
+
     def _evaluate(self, step: Step, ctx: dict[str, Any], res: CommandResult) -> tuple[str, str, dict | None]:
+        why = self._no_output(step, res, parsing=step.type != "command")
+        if why:
+            return "fail", why, None
         if step.type == "file":
             if not res.ok:
-                return "fail", f"cannot read {render(step.path or '', ctx, shell=False)}: {_err(res)}", None
+                return "fail", f"cannot read {render(step.path or '', ctx, shell=False)}: {_err(res, step)}", None
             observed = (PARSERS[step.parser] if step.parser else key_value_file)(res.stdout)
         elif step.type == "command":
             observed = {"rc": res.rc, "stdout": res.stdout.strip(), "stderr": res.stderr.strip()}
             problems = self._check(observed, step.expect or {"rc": 0}, ctx)
+            note = "".join(f" ({n})" for n in res.notes)
             if problems:
-                return "fail", "; ".join(problems) + f" from `{res.command}`: {_err(res)}", observed
-            return "ok", _first_line(res.stdout) or "rc=0", observed
+                return "fail", "; ".join(problems) + f" from `{res.command}`: {_err(res, step)}{note}", observed
+            return "ok", (_first_line(res.stdout) or "rc=0") + note, observed
         else:
-            if res.timed_out or (not step.ignore_rc and "rc" not in step.expect and not res.ok):
-                return "fail", f"command failed: {_err(res)}", None
+            if not step.ignore_rc and "rc" not in step.expect and not res.ok:
+                return "fail", f"command failed: {_err(res, step)}", None
             observed = PARSERS[step.parser or "raw"](res.stdout)
             observed.setdefault("rc", res.rc)
+        unparsable = observed.pop("_problems", None)
+        observed.pop("_unset", None)
+        if unparsable:
+            return "fail", (f"cannot parse the output of `{res.command}`: {'; '.join(unparsable)}; check the value on "
+                            f"the host with that command and correct it there"), None
         problems = self._check(observed, step.expect, ctx)
         if problems:
             return "fail", "; ".join(problems), observed
         return "ok", self._summary(step, observed), observed
 
     @staticmethod
-    def _aggregate(host: str, step: Step, outcomes: list[tuple[str, str, str]]) -> StepResult:
+    def _aggregate(host: str, step: Step, outcomes: list[tuple[str, str, str, int | None]]) -> StepResult:
         def line(label: str, msg: str) -> str:
             return f"{label}: {msg}" if label else msg
 
         for status in ("fail", "changed", "would_change"):
-            hits = [line(label, msg) for s, label, msg in outcomes if s == status]
+            hits = [line(label, msg) for s, label, msg, _ in outcomes if s == status]
             if hits:
+                failed = sorted({d for s, _, _, d in outcomes if s == "fail" and d is not None})
+                if any(d is None for s, _, _, d in outcomes if s == "fail"):
+                    failed = []  # a host-level unit failed: the failure is the host's
                 return StepResult(host, step.name, status, "; ".join(hits[:4]) + (" ..." if len(hits) > 4 else ""),
-                                  details=hits)
-        oks = [line(label, msg) for s, label, msg in outcomes if s == "ok"]
+                                  details=hits, failed_devices=failed if status == "fail" else [])
+        oks = [line(label, msg) for s, label, msg, _ in outcomes if s == "ok"]
         if oks:
             n = len(oks)
             msg = oks[0] if n == 1 else f"{n} {'devices' if step.foreach == 'device' else 'checks'} ok"
             return StepResult(host, step.name, "ok", msg, details=oks)
         return StepResult(host, step.name, "skip", "not applicable")
 
-    def _run_cmd(self, session: Session, step: Step, template: str, ctx: dict[str, Any]):
-        return session.run(render(template, ctx), timeout_s=step.timeout_s, become=step.become)
-
     def _summary(self, step: Step, observed: dict[str, Any]) -> str:
         keys = list(step.expect) or ([step.field] if step.field else [])
         return ", ".join(f"{k}={_get(observed, k)}" for k in keys) or "ok"
 
-    def _run_set(self, session: Session, step: Step, ctx: dict[str, Any],
+    def _run_set(self, session: Session, step: Step, ctx: dict[str, Any], deadline: float,
                  first_get: CommandResult | None = None) -> tuple[str, str, dict | None]:
         parser = PARSERS[step.parser or "raw"]
         want = {k: _s(render_value(v, ctx)) for k, v in step.want.items()}
         prefetched = [first_get] if first_get is not None else []
 
-        def diff() -> tuple[dict[str, tuple[str, str]], dict | None, str]:
-            res = prefetched.pop() if prefetched else self._run_cmd(session, step, step.get or "", ctx)
-            if res.timed_out:
-                return {}, None, f"get timed out: {_err(res)}"
-            current = parser(res.stdout)
-            return {k: (_s(_get(current, k)), w) for k, w in want.items() if _s(_get(current, k)) != w}, current, ""
+        def read() -> tuple[dict[str, Any] | None, str]:
+            """The current values, or why they could not be read (then nothing may be set)."""
+            res = prefetched.pop() if prefetched else self._run_one(session, step, render(step.get or "", ctx),
+                                                                     deadline)
+            why = self._no_output(step, res, parsing=True)
+            if why:
+                return None, f"could not read the current value: {why}"
+            current = parser(res.stdout if res.ok else res.stdout + "\n" + res.stderr)
+            unparsable = current.pop("_problems", None)
+            if unparsable:
+                return None, f"could not read the current value: cannot parse `{res.command}`: {'; '.join(unparsable)}"
+            if not res.ok and not current.pop("_unset", False) and not step.ignore_rc:
+                return None, f"could not read the current value: `{res.command}` failed: {_err(res, step)}"
+            current.pop("_unset", None)
+            return current, ""
 
-        changes, current, err = diff()
-        if err:
+        def diff(current: dict[str, Any]) -> dict[str, tuple[str, str]]:
+            return {k: (_s(_get(current, k)), w) for k, w in want.items() if _s(_get(current, k)) != w}
+
+        current, err = read()
+        if current is None:
             return "fail", err, None
+        changes = diff(current)
         if not changes:
             return "ok", "unchanged (" + ", ".join(f"{k}={w}" for k, w in want.items()) + ")", current
         text = ", ".join(f"{k} {c or '(unset)'} -> {w}" for k, (c, w) in changes.items())
         if self.check:
             return "would_change", f"would set {text}", current
-        res = self._run_cmd(session, step, step.set or "", ctx)
+        res = self._run_one(session, step, render(step.set or "", ctx), deadline)
         if not res.ok:
-            return "fail", f"set failed ({text}): {_err(res)}", current
-        left, current, err = diff()
-        if err or left:
-            still = err or ", ".join(f"{k}={c} (want {w})" for k, (c, w) in left.items())
+            why = self._no_output(step, res, parsing=False) or _err(res, step)
+            return "fail", f"set failed ({text}): {why}", current
+        current, err = read()
+        if current is None:
+            return "fail", f"verification after set failed: {err}", None
+        left = diff(current)
+        if left:
+            still = ", ".join(f"{k}={c} (want {w})" for k, (c, w) in left.items())
             return "fail", f"verification after set failed: {still}", current
         return "changed", f"set {text}; verified", current
 
@@ -459,9 +571,23 @@ class Runner:
                                           f"{step.field} differs across hosts: {spread}", cross_host=True))
 
 
-def _err(res: Any) -> str:
+def _not_run(command: str, step: Step) -> CommandResult:
+    return CommandResult(command, None, "", "", 0.0, timed_out=True, not_run=True,
+                         notes=[f"not run: the step's {step.timeout_s:g}s deadline on this host had passed"])
+
+
+def _err(res: CommandResult, step: Step | None = None) -> str:
+    """One line on why a command failed: the timeout and what the kill did, else rc and its first output line."""
+    if res.not_run:
+        return "; ".join(res.notes)
+    if res.timed_out:
+        limit = (f"timed out after {step.timeout_s:g}s (the step's deadline on this host)" if step is not None
+                 else next((n for n in res.notes if n.startswith("timed out")), "timed out"))
+        rest = [n for n in res.notes if not n.startswith("timed out")]
+        fix = "; raise the step's timeout_s if the command is only slow" if step is not None else ""
+        return "; ".join([limit, *rest]) + fix
     text = (res.stderr.strip() or res.stdout.strip()).splitlines()
-    return f"rc={res.rc} " + (text[0] if text else "")
+    return f"rc={res.rc} " + (text[0][:200] if text else "")
 
 
 def _first_line(text: str) -> str:

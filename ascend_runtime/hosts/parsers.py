@@ -5,10 +5,17 @@ positions: widths differ between driver versions); both spellings are accepted
 where two exist (``netdetect address`` / ``netdetect addr``, TLS lines with or
 without ``tls preconfigured``). Each parser takes the command's stdout and
 returns a flat ``dict``; a missing value is ``None``, never an exception.
+
+Two reserved keys: ``_problems`` lists values that are present but impossible
+(an address such as ``999.1.1.1``): the value is ``None`` and the engine fails
+that device with the problem instead of using or writing it. ``_unset`` is true
+when the output says the value is not set (``-ip -g`` on a port with no
+address exits non-zero with "no ip was preset"): a reading, not a failure.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +23,26 @@ from typing import Any
 HEALTH_VALUES = ("OK", "Warning", "Alarm", "Critical", "UNKNOWN")
 _BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
 _IPV4 = r"(\d{1,3}(?:\.\d{1,3}){3})"
+_ADDR = r"(\d[0-9.]*)"  # an address-like token, validated by _addr (so 1.2.3.4.5 is not read as 1.2.3.4)
+
+
+def _addr(text: str, prefix: str, what: str, problems: list[str], flags: int = 0) -> str | None:
+    """The IPv4 address after regex ``prefix`` in ``text``; an impossible one is a problem and None."""
+    m = re.search(prefix + _ADDR, text, flags)
+    if not m:
+        return None
+    value = m.group(1).rstrip(".")
+    try:
+        return str(ipaddress.IPv4Address(value))
+    except ValueError:
+        problems.append(f"{what} {value!r} is not a valid IPv4 address")
+        return None
+
+
+def _with_problems(out: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    if problems:
+        out["_problems"] = problems
+    return out
 
 
 def _cells(line: str) -> list[str]:
@@ -85,15 +112,24 @@ def npu_smi_kv(text: str) -> dict[str, Any]:
 
 
 def hccn_ip(text: str) -> dict[str, Any]:
-    """``hccn_tool -i N -ip -g`` (``ipaddr:``/``netmask:``) or ``-vnic -g`` (``vnic ipaddr: ...``)."""
-    ip = re.search(r"ipaddr\s*:\s*" + _IPV4, text)
-    mask = re.search(r"netmask\s*:\s*" + _IPV4, text)
-    link = re.search(r"link status\s*:\s*(\w+)", text)
-    return {
-        "ipaddr": ip.group(1) if ip else None,
-        "netmask": mask.group(1) if mask else None,
-        "link": link.group(1) if link else None,
-    }
+    """``hccn_tool -i N -ip -g``: the RoCE port's ``ipaddr:`` / ``netmask:`` (never a ``vnic ipaddr:`` line)."""
+    problems: list[str] = []
+    ip = _addr(text, r"^\s*ipaddr\s*:\s*", "ipaddr", problems, re.MULTILINE)
+    mask = _addr(text, r"^\s*netmask\s*:\s*", "netmask", problems, re.MULTILINE)
+    link = re.search(r"^\s*link status\s*:\s*(\w+)", text, re.MULTILINE)
+    out = {"ipaddr": ip, "netmask": mask, "link": link.group(1) if link else None}
+    if ip is None and not problems and re.search(r"no ip was preset", text, re.IGNORECASE):
+        out["_unset"] = True
+    return _with_problems(out, problems)
+
+
+def hccn_vnic(text: str) -> dict[str, Any]:
+    """``hccn_tool -i N -vnic -g`` (A3): ``vnic ipaddr: ...``, the VNIC IP, a different address from ``-ip -g``."""
+    problems: list[str] = []
+    ip = _addr(text, r"vnic ipaddr\s*:\s*", "vnic ipaddr", problems)
+    mask = _addr(text, r"vnic netmask\s*:\s*", "vnic netmask", problems)
+    link = re.search(r"vnic link status\s*:\s*(\w+)", text)
+    return _with_problems({"ipaddr": ip, "netmask": mask, "link": link.group(1) if link else None}, problems)
 
 
 def hccn_link(text: str) -> dict[str, Any]:
@@ -110,15 +146,17 @@ def hccn_net_health(text: str) -> dict[str, Any]:
 
 def hccn_netdetect(text: str) -> dict[str, Any]:
     """``-netdetect -g``: ``netdetect address: X`` (newer drivers ``netdetect addr: X``)."""
-    m = re.search(r"netdetect addr(?:ess)?\s*:\s*" + _IPV4, text)
-    return {"address": m.group(1) if m else None}
+    problems: list[str] = []
+    address = _addr(text, r"netdetect addr(?:ess)?\s*:\s*", "netdetect address", problems)
+    return _with_problems({"address": address}, problems)
 
 
 def hccn_gateway(text: str) -> dict[str, Any]:
     """``-gateway -g``: ``default gateway:X, Iface:eth0``."""
-    m = re.search(r"default gateway\s*:\s*" + _IPV4, text)
+    problems: list[str] = []
+    address = _addr(text, r"default gateway\s*:\s*", "default gateway", problems)
     iface = re.search(r"Iface\s*:\s*(\S+)", text)
-    return {"address": m.group(1) if m else None, "iface": iface.group(1) if iface else None}
+    return _with_problems({"address": address, "iface": iface.group(1) if iface else None}, problems)
 
 
 def hccn_tls(text: str) -> dict[str, Any]:
@@ -159,11 +197,17 @@ def key_value_file(text: str) -> dict[str, Any]:
 def ip_addr(text: str) -> dict[str, Any]:
     """``ip -o -4 addr show``: ``addresses`` maps each IPv4 address to its interface."""
     addresses: dict[str, str] = {}
+    problems: list[str] = []
     for line in text.splitlines():
         m = re.match(r"\s*\d+:\s*(\S+)\s+inet\s+" + _IPV4 + r"/\d+", line)
         if m:
+            try:
+                ipaddress.IPv4Address(m.group(2))
+            except ValueError:
+                problems.append(f"{m.group(1)} address {m.group(2)!r} is not a valid IPv4 address")
+                continue
             addresses.setdefault(m.group(2), m.group(1).split("@")[0])
-    return {"addresses": addresses, "interfaces": sorted(set(addresses.values()))}
+    return _with_problems({"addresses": addresses, "interfaces": sorted(set(addresses.values()))}, problems)
 
 
 def raw(text: str) -> dict[str, Any]:
@@ -175,7 +219,7 @@ PARSERS: dict[str, Callable[[str], dict[str, Any]]] = {
     "npu_smi_info": npu_smi_info,
     "npu_smi_kv": npu_smi_kv,
     "hccn_ip": hccn_ip,
-    "hccn_vnic": hccn_ip,
+    "hccn_vnic": hccn_vnic,
     "hccn_link": hccn_link,
     "hccn_net_health": hccn_net_health,
     "hccn_netdetect": hccn_netdetect,

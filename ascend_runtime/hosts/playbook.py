@@ -18,12 +18,15 @@ with the same device id on every other host; ``file``: each entry of the
 ``model_files`` variable, a map of file name to size, as ``model_file`` /
 ``model_file_size``), ``when`` (names that must be set
 and truthy, e.g. ``device_ip`` or a variable), ``hardware`` (kinds the step
-applies to), ``become`` (sudo), ``timeout_s`` ``ignore_rc`` (parse the output even
+applies to), ``become`` (sudo), ``timeout_s`` (one deadline for the step on a
+host, all its devices or peers together: a command still running then is
+killed, one not started is not run), ``ignore_rc`` (parse the output even
 when the command exits non-zero) and ``register`` (keep the parsed result as a
 fact). Templates see the playbook ``vars`` (overridable per run and per host),
 ``hardware``, ``devices_per_node``, ``applying`` (false in ``--check``) and the
 node's ``name``, ``host_ip``, ``nic`` and per device ``device_id``, ``card``,
-``chip``, ``device_ip``, ``netmask``, ``gateway``, ``netdetect``. Expectations map a field to a value (equality) or to one
+``chip``, ``device_ip`` (the RoCE port IP, ``-ip -g``), ``netmask``, ``gateway``,
+``netdetect`` and ``vnic_ip`` (A3 VNIC IP, ``-vnic -g``; unset on A2). Expectations map a field to a value (equality) or to one
 operator: ``eq``, ``ne``, ``in``, ``not_in``, ``regex``, ``present``,
 ``ge``/``le`` (numbers), ``version`` (a component of the matrix),
 ``min_version``/``max_version``.

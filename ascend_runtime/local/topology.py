@@ -2,6 +2,10 @@
 
 Every simulated instance listens on its leader node's loopback address from
 the inventory (127.0.1.x), so the addresses and ports are the Plan's own.
+
+Two admin tokens guard the admin APIs: the proxy's (``PROXY_TOKEN_ENV``) and the
+simulators' (``SIM_TOKEN_ENV``; the balancer applies expert maps with it). Each
+process is given only the variables its :attr:`ProcessSpec.tokens` names.
 """
 
 from __future__ import annotations
@@ -16,16 +20,35 @@ from ascend_runtime.planner.plan import Plan
 #: Seconds between balancer cycles on the local stack (simulated time runs faster).
 LOCAL_BALANCE_INTERVAL_S = 5.0
 PROXY_TOKEN_ENV = "ASCEND_PROXY_TOKEN"
+SIM_TOKEN_ENV = "ASCEND_SIM_ADMIN_TOKEN"
+#: Token variable -> the file in the state directory holding it (mode 0600, see runner.write_tokens).
+TOKEN_FILES = {PROXY_TOKEN_ENV: "proxy-admin-token", SIM_TOKEN_ENV: "sim-admin-token"}
 
 
 @dataclass(frozen=True)
 class ProcessSpec:
-    """One process to start: a name, its kind, argv and the URL that answers 200 when ready."""
+    """One process to start: a name, its kind, argv, the URL that answers 200 when ready, and its tokens."""
 
     name: str
     kind: str
     argv: tuple[str, ...]
     health_url: str
+    #: Token variables (keys of TOKEN_FILES) the process reads; it gets no others.
+    tokens: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ListenPort:
+    """One address a local process listens on, and the stack key whose value sets the port."""
+
+    host: str
+    port: int
+    key: str
+    process: str
+
+    def describe(self) -> str:
+        """``port 18000 on 127.0.1.1 (ports.api_base, prefill-0 API)``."""
+        return f"port {self.port} on {self.host} ({self.key}, {self.process})"
 
 
 def _cli(*args: str) -> tuple[str, ...]:
@@ -39,6 +62,24 @@ def write_instances_file(plan: Plan, state_dir: Path) -> Path:
     return path
 
 
+def listen_ports(plan: Plan) -> list[ListenPort]:
+    """Every address the local stack's processes bind, in start order, with the key that sets each port.
+
+    Simulators bind their API port and their leader rank's KV port on the leader's loopback address;
+    the proxy and the balancer's metrics bind 127.0.0.1-style addresses of their own keys. The keys
+    are those of the planner's port ranges (ascend_runtime.planner.validation.port_ranges).
+    """
+    ports = []
+    for inst in plan.instances:
+        ports.append(ListenPort(inst.api_host, inst.api_port, "ports.api_base", f"{inst.name} API"))
+        ports.append(ListenPort(inst.api_host, inst.ranks[0].kv_port, "ports.kv_base", f"{inst.name} KV transfer"))
+    ports.append(ListenPort(plan.proxy_host, plan.proxy_port, "ports.proxy", "proxy"))
+    if plan.by_role("decode"):
+        ports.append(ListenPort("127.0.0.1", int(plan.config["ports"]["balancer_metrics"]), "ports.balancer_metrics",
+                                "balancer metrics"))
+    return ports
+
+
 def local_processes(plan: Plan, state_dir: Path, stacks_dir: str | None = None) -> list[ProcessSpec]:
     """Simulators first (prefill, then decode), then the proxy, then the balancer."""
     if plan.target != "local":
@@ -46,8 +87,8 @@ def local_processes(plan: Plan, state_dir: Path, stacks_dir: str | None = None) 
     specs = []
     where = ("--stacks-dir", str(stacks_dir)) if stacks_dir else ()
     for inst in plan.instances:
-        argv = _cli("sim", "--stack", plan.stack, *where, "--instance", inst.name)
-        specs.append(ProcessSpec(inst.name, "simulator", argv, f"{inst.api_url}/health"))
+        argv = _cli("sim", "--stack", plan.stack, *where, "--instance", inst.name, "--admin-token-env", SIM_TOKEN_ENV)
+        specs.append(ProcessSpec(inst.name, "simulator", argv, f"{inst.api_url}/health", (SIM_TOKEN_ENV,)))
     instances_file = state_dir / "instances.json"
     specs.append(
         ProcessSpec(
@@ -56,6 +97,7 @@ def local_processes(plan: Plan, state_dir: Path, stacks_dir: str | None = None) 
             _cli("proxy", "--host", plan.proxy_host, "--port", str(plan.proxy_port), "--instances-file", str(instances_file),
                  "--admin-token-env", PROXY_TOKEN_ENV),
             f"{plan.proxy_url}/health",
+            (PROXY_TOKEN_ENV,),
         )
     )
     decodes = plan.by_role("decode")
@@ -64,8 +106,11 @@ def local_processes(plan: Plan, state_dir: Path, stacks_dir: str | None = None) 
         balancer_port = plan.config["ports"]["balancer_metrics"]
         argv = ["balance", "serve", "--ranks", str(shape.ep), "--slots", str(shape.expert_slots_per_rank),
                 "--interval", str(LOCAL_BALANCE_INTERVAL_S), "--publish-file", str(state_dir / "expert-map.json"),
-                "--apply", "simulator", "--metrics-host", "127.0.0.1", "--metrics-port", str(balancer_port)]
+                "--apply", "simulator", "--sim-token-env", SIM_TOKEN_ENV,
+                "--metrics-host", "127.0.0.1", "--metrics-port", str(balancer_port)]
         for inst in decodes:
             argv += ["--instance", f"{inst.name}={inst.api_url}"]
-        specs.append(ProcessSpec("balancer", "balancer", _cli(*argv), f"http://127.0.0.1:{balancer_port}/metrics"))
+        # it reads load from and applies maps to the simulators; it never calls the proxy's admin API
+        specs.append(ProcessSpec("balancer", "balancer", _cli(*argv), f"http://127.0.0.1:{balancer_port}/metrics",
+                                 (SIM_TOKEN_ENV,)))
     return specs

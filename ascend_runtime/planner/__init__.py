@@ -16,7 +16,9 @@ from ascend_runtime.planner.memory import estimate_memory, expert_slots_per_rank
 from ascend_runtime.planner.placement import place_instances
 from ascend_runtime.planner.plan import InstancePlan, NodePlan, Plan, PlannedDevice, RankPlan
 from ascend_runtime.planner.validation import check_inventory, check_ports, check_stage_shapes
-from ascend_runtime.planner.versions import connector_dialect
+from ascend_runtime.engine.releases import default_image
+from ascend_runtime.planner.engine_rules import check_engine
+from ascend_runtime.planner.versions import connector_dialect, target_release
 
 __all__ = ["Plan", "build_plan", "load_plan"]
 
@@ -25,19 +27,23 @@ def build_plan(stack: Stack) -> Plan:
     """The Plan of a loaded stack; raises ConfigError before anything is placed when invalid."""
     config, inventory = stack.config, stack.inventory
     hardware = hardware_spec(config.hardware)
+    release = target_release(config.engine.vllm_ascend_version)
     connector = connector_dialect(config.engine.vllm_ascend_version, config.engine.kv_connector)
     instance_count = config.prefill.instances + config.decode.instances
     problems = check_inventory(inventory, hardware)
+    problems += check_engine(config, release, connector)
     problems += check_stage_shapes(config, hardware, connector)
     problems += check_ports(config, hardware, connector, instance_count)
     if problems:
         raise ConfigError(problems, stack.stack_file)
     assignments, states = place_instances(config, inventory, hardware)
     kv_base = config.ports.kv_base or hardware.recommended_kv_port_base
+    kv_next = kv_base  # Mooncake listens on kv_port + dp_rank * tp + tp_rank: one block of npus ports per instance
     instances = []
     for ordinal, assignment in enumerate(assignments):
         role = assignment.role
         stage = config.stage(role)
+        kv_port, kv_next = kv_next, kv_next + stage.dp * stage.tp
         name = f"{role}-{assignment.index}"
         per_node = len(assignment.devices[0])
         dp_local = per_node // stage.tp
@@ -50,6 +56,7 @@ def build_plan(stack: Stack) -> Plan:
                     global_rank=k * per_node + j,
                     super_device_id=d.super_device_id,
                     super_pod_id=d.super_pod_id,
+                    vnic_ip=str(d.vnic_ip) if d.vnic_ip is not None else None,
                 )
                 for j, d in enumerate(devices)
             )
@@ -64,7 +71,7 @@ def build_plan(stack: Stack) -> Plan:
                     devices=planned,
                     dp_start_rank=k * dp_local,
                     dp_local=dp_local,
-                    kv_port=kv_base + ordinal * hardware.devices_per_node,
+                    kv_port=kv_port,
                     kv_port_count=per_node,
                     engine_id=f"{stack.name}-{name}-{k}",
                 )
@@ -113,6 +120,7 @@ def build_plan(stack: Stack) -> Plan:
         proxy_host="127.0.0.1" if config.target == "local" else f"pd-proxy.{config.kubernetes.namespace}.svc",
         proxy_port=config.ports.proxy,
         secret_keys=stack.secret_keys,
+        engine_image=config.engine.image or default_image(release.version, hardware.kind),
     )
     check_plan_invariants(plan, hardware.has_super_pods and not config.allow_cross_super_pod)
     return plan

@@ -6,6 +6,13 @@ free devices each (lowest device ids first); on super-pod hardware an instance
 stays inside one super pod unless the stack allows otherwise. Nodes are taken
 in inventory order, super pods in ascending id, prefill instances first, so
 the same inputs always give the same placement.
+
+Device addresses (facts section 3): a placed device keeps both of its
+addresses, the RoCE port IP (``device_ip``, every HCCL table) and on A3 the
+VNIC IP (``vnic_ip``, the LLMDataDist PD table only). Placement refuses an
+inventory whose devices carry ``vnic_ip`` on Atlas A2, and, when the
+LLMDataDist connector renders the PD table on A3, placed devices without a
+``vnic_ip`` (its ``device_ip`` is the RoCE port and must not stand in for it).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from ascend_runtime.config.inventory import Device, Inventory, Node
 from ascend_runtime.config.stack import Role, StackConfig
 from ascend_runtime.hardware import HardwareSpec
 from ascend_runtime.planner.validation import ROLES, devices_per_node
+from ascend_runtime.planner.versions import connector_dialect
 
 
 @dataclass
@@ -62,7 +70,11 @@ def _pick_nodes(candidates: list[NodeState], role: str, count: int, per_node: in
 
 
 def place_instances(config: StackConfig, inventory: Inventory, hardware: HardwareSpec) -> tuple[list[Assignment], list[NodeState]]:
-    """Assign nodes and devices to every instance; raises ConfigError when they do not fit."""
+    """Assign nodes and devices to every instance; raises ConfigError when they do not fit
+    or the placed devices lack the addresses the rank tables need."""
+    address_problems = inventory.hardware_problems(hardware.kind)
+    if address_problems:
+        raise ConfigError(address_problems)
     states = [NodeState(node, sorted(node.devices, key=lambda d: d.device_id)) for node in inventory.nodes]
     pods: dict[int | None, list[NodeState]] = defaultdict(list)
     for state in states:
@@ -88,7 +100,39 @@ def place_instances(config: StackConfig, inventory: Inventory, hardware: Hardwar
                 assignment.nodes.append(state.node)
                 assignment.devices.append(state.take(role, per_node))
             assignments.append(assignment)
+    missing = _missing_vnic_ips(config, inventory, hardware, assignments)
+    if missing:
+        raise ConfigError(missing)
     return assignments, states
+
+
+def _missing_vnic_ips(
+    config: StackConfig, inventory: Inventory, hardware: HardwareSpec, assignments: list[Assignment]
+) -> list[Problem]:
+    """A3 + LLMDataDist: every placed device needs ``vnic_ip`` for the PD rank table (gen_ranktable.py reads
+    ``hccn_tool -vnic -g`` on A3, vllm-ascend v0.11.0 examples/disaggregated_prefill_v1/gen_ranktable.py)."""
+    if not hardware.has_super_pods:
+        return []
+    if connector_dialect(config.engine.vllm_ascend_version, config.engine.kv_connector) != "llmdatadist":
+        return []
+    where = {id(d): (i, j) for i, n in enumerate(inventory.nodes) for j, d in enumerate(n.devices)}
+    problems = []
+    for assignment in assignments:
+        for node, devices in zip(assignment.nodes, assignment.devices):
+            lacking = [d for d in devices if d.vnic_ip is None]
+            if not lacking:
+                continue
+            i, j = where[id(lacking[0])]
+            problems.append(
+                Problem(
+                    f"inventory.nodes[{i}].devices[{j}].vnic_ip",
+                    f"the LLMDataDist PD rank table on {hardware.display_name} lists each device's VNIC IP "
+                    f"(hccn_tool -i N -vnic -g), never its RoCE device_ip; node {node.name} has no vnic_ip for "
+                    f"devices {', '.join(str(d.device_id) for d in lacking)}",
+                    hint="run the facts playbook, which reads -vnic -g into vnic_ip",
+                )
+            )
+    return problems
 
 
 def _no_room(

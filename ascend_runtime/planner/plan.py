@@ -19,13 +19,19 @@ from typing import Any
 
 @dataclass(frozen=True)
 class PlannedDevice:
-    """One NPU device as a rank uses it; ``global_rank`` is dense within its instance."""
+    """One NPU device as a rank uses it; ``global_rank`` is dense within its instance.
+
+    ``device_ip`` is the RoCE port IP (``hccn_tool -ip -g``, what hccl.json and
+    hccn.conf carry); ``vnic_ip`` is the A3 VNIC IP (``hccn_tool -vnic -g``, only
+    the LLMDataDist PD rank table uses it), None on A2.
+    """
 
     device_id: int
     device_ip: str
     global_rank: int
     super_device_id: int | None = None
     super_pod_id: int | None = None
+    vnic_ip: str | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,19 @@ class RankPlan:
     def device_ids(self) -> tuple[int, ...]:
         """Logical device ids, the value of ASCEND_RT_VISIBLE_DEVICES."""
         return tuple(d.device_id for d in self.devices)
+
+    @property
+    def kv_listen_ports(self) -> range:
+        """Ports this rank's KV connector listens on.
+
+        Mooncake's handshake port of a worker is kv_port + data_parallel_rank * tp + tp_rank
+        (vllm_ascend/distributed/kv_transfer/kv_p2p/mooncake_connector.py ``side_channel_port``, v0.23.0;
+        distributed/mooncake_connector.py, v0.11.0): every rank of an instance shares ``kv_port`` and
+        listens on its own block.
+        """
+        tp = len(self.devices) // self.dp_local
+        start = self.kv_port + self.dp_start_rank * tp
+        return range(start, start + len(self.devices))
 
     @property
     def name(self) -> str:
@@ -138,6 +157,7 @@ class Plan:
     proxy_host: str
     proxy_port: int
     secret_keys: tuple[str, ...] = field(default_factory=tuple)
+    engine_image: str = ""  # engine.image, else the release's image for the hardware (-a3 on cm384)
 
     def by_role(self, role: str) -> tuple[InstancePlan, ...]:
         """Instances of one role in ordinal order."""

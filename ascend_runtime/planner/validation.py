@@ -8,13 +8,26 @@ from __future__ import annotations
 
 import math
 
-from ascend_runtime.config.errors import Problem
+from ascend_runtime.config.errors import Problem, is_dns_label
 from ascend_runtime.config.inventory import Inventory
 from ascend_runtime.config.stack import Role, StackConfig
 from ascend_runtime.hardware import HardwareSpec
 from ascend_runtime.planner.memory import estimate_memory
 
 ROLES: tuple[Role, Role] = ("prefill", "decode")
+
+#: Ports no range of the Plan may cover: engines run with hostNetwork, so they share the node's ports
+#: with the cluster's own daemons, and a NodePort Service would take the port on every node.
+RESERVED_PORTS: tuple[tuple[int, int, str], ...] = (
+    (2379, 2380, "etcd client and peer ports"),
+    (6443, 6443, "the Kubernetes API server port"),
+    (10248, 10250, "kubelet healthz and API ports (10248, 10250) and kube-proxy metrics (10249)"),
+    (10255, 10257, "kubelet read-only port (10255), kube-proxy healthz (10256) and kube-controller-manager (10257)"),
+    (10259, 10259, "the kube-scheduler port"),
+    (30000, 32767, "the NodePort range"),
+)
+#: Suffixes the Pulumi program appends to an instance name (deploy/objects/engine.py) besides -rank<k>.
+INSTANCE_NAME_SUFFIXES = ("-ranktable", "-launch", "-api")
 
 
 def devices_per_node(config: StackConfig, role: Role, hardware: HardwareSpec) -> int:
@@ -123,6 +136,11 @@ def check_stage_shapes(config: StackConfig, hardware: HardwareSpec, connector: s
             problems.append(
                 Problem(f"{role}.tp", f"tp must divide the {per_node} NPUs an instance uses per node", stage.tp)
             )
+        elif model.num_attention_heads % stage.tp:
+            problems.append(
+                Problem(f"{role}.tp", f"tp must divide model.num_attention_heads ({model.num_attention_heads})", stage.tp,
+                        "use a power of two up to the NPUs per node")
+            )
         slots = model.num_routed_experts + stage.redundant_experts
         if stage.ep not in (1, stage.dp * stage.tp):
             problems.append(
@@ -188,6 +206,32 @@ def check_stage_shapes(config: StackConfig, hardware: HardwareSpec, connector: s
     return problems
 
 
+def instance_names(config: StackConfig) -> list[str]:
+    """The longest Kubernetes names derived from each role's instances: ``<role>-<i>`` and its -rank<k>,
+    -ranktable, -launch and -api, for the last instance and rank (the longest of each form)."""
+    names = []
+    for role in ROLES:
+        stage = config.stage(role)
+        base = f"{role}-{stage.instances - 1}"
+        names += [base, *(base + s for s in INSTANCE_NAME_SUFFIXES), f"{base}-rank{stage.nodes_per_instance - 1}"]
+    return names
+
+
+def check_names(config: StackConfig) -> list[Problem]:
+    """Instance-derived object names are DNS-1123 labels (Service names must be, others as well)."""
+    bad = [name for name in instance_names(config) if not is_dns_label(name)]
+    if not bad:
+        return []
+    role = bad[0].split("-", 1)[0]
+    return [Problem(f"{role}.instances", f"derived object names such as {bad[0][:70]!r} exceed a DNS-1123 label "
+                    "(63 characters)", config.stage(role).instances, "lower instances or nodes_per_instance")]
+
+
+def total_npus(config: StackConfig) -> int:
+    """NPUs of every instance of both stages."""
+    return sum(config.stage(r).instances * config.stage(r).dp * config.stage(r).tp for r in ROLES)
+
+
 def port_ranges(config: StackConfig, hardware: HardwareSpec, connector: str, instance_count: int) -> dict[str, range]:
     """Every port range the Plan will use, by the key that sets its base."""
     ports = config.ports
@@ -195,7 +239,7 @@ def port_ranges(config: StackConfig, hardware: HardwareSpec, connector: str, ins
     ranges = {
         "ports.api_base": range(ports.api_base, ports.api_base + instance_count),
         "ports.dp_rpc_base": range(ports.dp_rpc_base, ports.dp_rpc_base + instance_count),
-        "ports.kv_base": range(kv_base, kv_base + instance_count * hardware.devices_per_node),
+        "ports.kv_base": range(kv_base, kv_base + total_npus(config)),
         "ports.proxy": range(ports.proxy, ports.proxy + 1),
         "ports.balancer_metrics": range(ports.balancer_metrics, ports.balancer_metrics + 1),
     }
@@ -205,14 +249,23 @@ def port_ranges(config: StackConfig, hardware: HardwareSpec, connector: str, ins
 
 
 def check_ports(config: StackConfig, hardware: HardwareSpec, connector: str, instance_count: int) -> list[Problem]:
-    """No two port ranges overlap and none runs past 65535."""
-    problems: list[Problem] = []
+    """No port range is privileged, reserved by the cluster (:data:`RESERVED_PORTS`), runs past 65535 or
+    overlaps another; also the derived instance names (:func:`check_names`)."""
+    problems: list[Problem] = check_names(config)
     ranges = port_ranges(config, hardware, connector, instance_count)
     keys = list(ranges)
     for i, key in enumerate(keys):
         span = ranges[key]
         if span.stop - 1 > 65535:
             problems.append(Problem(key, f"ports {span.start}-{span.stop - 1} run past 65535", span.start))
+        if span.start < 1024:
+            problems.append(Problem(key, f"ports {span.start}-{span.stop - 1} include privileged ports (below 1024)",
+                                    span.start, "use ports from 1024 up"))
+        for low, high, what in RESERVED_PORTS:
+            if span.start <= high and low < span.stop:
+                problems.append(Problem(
+                    key, f"ports {span.start}-{span.stop - 1} cover {low}-{high}, {what}", span.start,
+                    f"move {key} outside {low}-{high} (e.g. {high + 1}, or below {low - (span.stop - span.start)})"))
         for other in keys[i + 1 :]:
             o = ranges[other]
             if span.start < o.stop and o.start < span.stop:

@@ -1,9 +1,9 @@
-"""vLLM-Ascend versions and the KV connector dialect each one speaks (facts file, section 2).
+"""The engine release a stack targets, and the KV connector dialect it speaks.
 
-- LLMDataDist (``LLMDataDistCMgrConnector``): 0.9.1 up to 0.11.x, removed in 0.13;
-  needs a rank table file; its RPC port env is ``VLLM_LLMDD_RPC_PORT`` before
-  0.10.1 and ``VLLM_ASCEND_LLMDD_RPC_PORT`` from 0.10.1.
-- Mooncake (``MooncakeConnectorV1``): from 0.11; no rank table.
+A release is supported when it has an engine surface (extracted from its
+released sources, :mod:`ascend_runtime.engine.surface`) and a rule row
+(:data:`ascend_runtime.engine.releases.RELEASES`). Anything else is refused
+naming ``engine.vllm_ascend_version`` and listing the supported releases.
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ from __future__ import annotations
 import re
 
 from ascend_runtime.config.errors import ConfigError
+from ascend_runtime.engine.releases import RELEASES, EngineRelease
+from ascend_runtime.engine.surface import supported_releases
 
 Version = tuple[int, int, int]
-
-MIN_SUPPORTED: Version = (0, 9, 1)
-LLMDD_LAST: Version = (0, 12, 99)
-MOONCAKE_FIRST: Version = (0, 11, 0)
 
 
 def parse_version(text: str) -> Version:
@@ -27,31 +25,34 @@ def parse_version(text: str) -> Version:
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
 
 
+def supported() -> tuple[str, ...]:
+    """Releases with both a surface and a rule row, oldest first."""
+    return tuple(v for v in supported_releases() if v in RELEASES)
+
+
+def target_release(version_text: str) -> EngineRelease:
+    """The rule row of a stack's release; ConfigError naming engine.vllm_ascend_version otherwise."""
+    text = version_text.strip().lstrip("v")
+    if text not in supported():
+        raise ConfigError.single(
+            "engine.vllm_ascend_version",
+            "no engine surface for this release (the kit renders only what a release's released code reads)",
+            version_text,
+            f"use one of {', '.join(supported())}",
+        )
+    return RELEASES[text]
+
+
 def connector_dialect(version_text: str, requested: str) -> str:
-    """Pick ``llmdatadist`` or ``mooncake`` for a version; ConfigError naming engine.* keys."""
-    try:
-        version = parse_version(version_text)
-    except ValueError:
-        raise ConfigError.single(
-            "engine.vllm_ascend_version", "not a version", version_text, "write it like 0.9.1 or 0.11.0"
-        ) from None
-    if version < MIN_SUPPORTED:
-        raise ConfigError.single(
-            "engine.vllm_ascend_version", "PD separation needs vLLM-Ascend 0.9.1 or newer", version_text
-        )
+    """``llmdatadist`` or ``mooncake`` for a release; ConfigError naming engine.* keys."""
+    row = target_release(version_text)
     if requested == "auto":
-        return "mooncake" if version >= MOONCAKE_FIRST else "llmdatadist"
-    if requested == "llmdatadist" and version > LLMDD_LAST:
+        return row.default_dialect
+    if requested not in row.connectors:
         raise ConfigError.single(
-            "engine.kv_connector", "LLMDataDist was removed in vLLM-Ascend 0.13", requested, "use mooncake or auto"
-        )
-    if requested == "mooncake" and version < MOONCAKE_FIRST:
-        raise ConfigError.single(
-            "engine.kv_connector", "Mooncake needs vLLM-Ascend 0.11 or newer", requested, "use llmdatadist or auto"
+            "engine.kv_connector",
+            f"vLLM-Ascend {row.version} has no {requested} connector",
+            requested,
+            f"use {' or '.join(sorted(row.connectors))} or auto",
         )
     return requested
-
-
-def llmdd_rpc_port_env(version_text: str) -> str:
-    """Name of the LLMDataDist RPC port variable for a version."""
-    return "VLLM_ASCEND_LLMDD_RPC_PORT" if parse_version(version_text) >= (0, 10, 1) else "VLLM_LLMDD_RPC_PORT"

@@ -32,13 +32,75 @@ class RoutingWeights:
 
 
 @dataclass(slots=True)
+class OutlierPolicy:
+    """When an instance is taken out of rotation (ejected), and for how long.
+
+    Passive evidence from real traffic ejects: ``consecutive_errors`` answers in
+    a row that are 5xx, timeouts or unusable; ``consecutive_connect_failures``
+    refused/reset connections or broken streams in a row; a success rate over
+    the last ``window`` requests (at least ``min_requests`` of them) below
+    ``mean - stdev_factor * stdev`` of the role's instances (needs
+    ``success_rate_min_hosts`` instances with enough requests), or below
+    ``100 - failure_percent`` percent (0 = off). Active checks eject only after
+    ``health_failures`` consecutive failed checks (a refused connection or a
+    non-200 answer); a check that times out is *slow*, not failed, unless the
+    instance's last real request failed too.
+
+    The n-th ejection in a row lasts ``base_s * n``, at most ``max_s``; the
+    count starts again once the instance stayed in rotation for ``max_s``.
+    Re-admission needs the ejection time to be over and, when active checks
+    run, a passing check after that. At most ``max_percent`` percent of the
+    instances of a role that are up (rounded down) are ejected on outlier
+    evidence at a time, so by default the last one of a role is never ejected;
+    an instance kept in rotation that way, or an ejected one used because
+    nothing else is left, is routed to only when no other instance is
+    available (panic routing). Refused connections and failed active checks
+    mean the instance is down: not capped, never used for panic routing.
+    """
+
+    consecutive_errors: int = 3
+    consecutive_connect_failures: int = 1
+    health_failures: int = 3
+    window: int = 100
+    min_requests: int = 20
+    success_rate_min_hosts: int = 3
+    stdev_factor: float = 1.9
+    failure_percent: float = 0.0
+    base_s: float = 5.0
+    max_s: float = 300.0
+    max_percent: float = 50.0
+
+
+@dataclass(slots=True)
+class Limits:
+    """Client connection and body limits of the proxy's HTTP server.
+
+    ``header_timeout_s``: the request line and headers must arrive within this
+    time of the connection being opened (or, on a kept-alive connection, of the
+    previous answer), else the connection is closed; it is also how long an idle
+    kept-alive connection stays open. ``body_timeout_s``: each read of the body must make
+    progress within this time (idle gap), and the whole body must arrive within
+    ``body_total_timeout_s``. ``max_body_bytes``: a larger Content-Length is
+    refused with 413 before the body is read; a chunked body is cut off with
+    413 once it passes the limit.
+    """
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    body_total_timeout_s: float = 120.0
+    max_body_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(slots=True)
 class ProxyConfig:
     """Everything :func:`ascend_runtime.proxy.server.start_proxy` needs.
 
     Times are seconds. ``port=0`` picks a free port (read it from the handle).
     ``instances`` is the static list; ``instances_file`` (YAML/JSON) is watched
     for changes every ``file_poll_interval_s`` and re-read on SIGHUP.
-    ``admin_token`` None disables the admin API (403).
+    ``admin_token`` None disables the admin API (403). ``outlier`` None builds
+    an :class:`OutlierPolicy` from ``eject_after`` (consecutive errors) and
+    ``eject_duration_s`` (base ejection time); see :meth:`outlier_policy`.
     """
 
     host: str = "127.0.0.1"
@@ -55,6 +117,14 @@ class ProxyConfig:
     health_timeout_s: float = 1.0
     eject_after: int = 3
     eject_duration_s: float = 5.0
+    outlier: OutlierPolicy | None = None
+    limits: Limits = field(default_factory=Limits)
     max_attempts: int = 3
     weights: RoutingWeights = field(default_factory=RoutingWeights)
     install_sighup: bool = False
+
+    def outlier_policy(self) -> OutlierPolicy:
+        """The ejection policy: ``outlier`` if given, else the defaults with ``eject_after`` / ``eject_duration_s``."""
+        if self.outlier is not None:
+            return self.outlier
+        return OutlierPolicy(consecutive_errors=self.eject_after, base_s=self.eject_duration_s)

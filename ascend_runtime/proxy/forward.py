@@ -11,7 +11,12 @@ boundaries so a ``recomputed`` event can be held back). Failure policy:
   and ``[DONE]``; nothing is replayed;
 - the client disconnects: the handler is cancelled, which closes the upstream
   connections (the engine aborts the request);
-- a 4xx answer from an instance is relayed to the client unchanged.
+- a 4xx answer from an instance is relayed to the client unchanged (during a
+  recomputed continuation, whose stream has started, as its final SSE event).
+
+The proxy's own errors are in vLLM 0.23.0's ``{"error": {...}}`` shape
+(errors.py): invalid JSON 400 "Bad Request", no instance 503 "Service
+Unavailable", decode failures 502 "Bad Gateway".
 
 Request ids: each request sent to an engine (every prefill try, every decode
 try, every recomputed continuation) gets a fresh ``X-Request-Id``; the client's
@@ -33,6 +38,7 @@ import aiohttp
 from aiohttp import web
 
 from ascend_runtime.proxy.config import ProxyConfig
+from ascend_runtime.proxy.errors import error_response, relayed_error_event, sse_error_event
 from ascend_runtime.proxy.metrics import ProxyMetrics
 from ascend_runtime.proxy.pd import (
     CLIENT_REQUEST_ID_HEADER,
@@ -41,13 +47,12 @@ from ascend_runtime.proxy.pd import (
     RecomputeTracker,
     build_decode_request,
     build_prefill_request,
-    error_body,
     estimate_prompt_tokens,
     new_request_id,
-    sse_error_event,
     sse_events,
 )
 from ascend_runtime.proxy.pool import InstancePool, InstanceState, NoInstanceError
+from ascend_runtime.proxy.validate import check_request
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +86,9 @@ def _failure_from(state: InstanceState, exc: BaseException, what: str) -> Upstre
     return UpstreamFailure(state, f"{what}: {exc.__class__.__name__}: {exc}")
 
 
-def _json_response(status: int, message: str, err_type: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response(error_body(message, status, err_type), status=status, headers=headers)
+def _json_response(status: int, message: str, err_type: str | None = None,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    return error_response(status, message, err_type, headers)
 
 
 class Forwarder:
@@ -101,29 +107,97 @@ class Forwarder:
 
     # ---------------------------------------------------------------- entry point
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
-        """Serve one completion request arriving at ``path`` (``/v1/completions`` ...)."""
+        """Serve one completion request arriving at ``path`` (``/v1/completions`` ...).
+
+        Every outcome is counted in ``requests_total{endpoint,outcome,status}``
+        (status of the answer; 200 for a stream that ended with an error event,
+        499 when the client went away).
+        """
         t0 = time.perf_counter()
-        outcome = "upstream_error"
+        outcome, status = "upstream_error", 502
         client_id = request.headers.get(REQUEST_ID_HEADER) or new_request_id()
         try:
-            try:
-                req = json.loads(await request.read())
-                if not isinstance(req, dict):
-                    raise ValueError("body is not a JSON object")
-            except ValueError as exc:
+            body, resp = await self._read_body(request)
+            if resp is None:
+                resp, outcome = self._parse(body, path)
+            if resp is not None:
                 outcome = "client_error"
-                resp = _json_response(400, f"invalid JSON request: {exc}", "invalid_request_error")
-            else:
-                resp, outcome = await self._run(request, path, req, t0, client_id)
+                resp.headers[REQUEST_ID_HEADER] = client_id
+                status = resp.status
+                return resp
+            req, fields = outcome  # type: ignore[misc]
+            try:
+                resp, outcome = await self._run(request, path, req, fields, t0, client_id)
+            except Exception:  # a proxy bug: still one answer in the engine's shape, and counted
+                log.exception("request %s: proxy error", client_id)
+                resp, outcome = _json_response(500, "internal proxy error"), "proxy_error"
             if not resp.prepared:  # a streamed answer got the header when it was prepared
                 resp.headers[REQUEST_ID_HEADER] = client_id
+            status = resp.status
             return resp
         except asyncio.CancelledError:
-            outcome = "client_disconnect"
+            outcome, status = "client_disconnect", 499
             raise
         finally:
-            self.metrics.requests.labels(path, outcome).inc()
+            self.metrics.requests.labels(path, outcome, str(status)).inc()
             self.metrics.e2e.observe(time.perf_counter() - t0)
+
+    async def _read_body(self, request: web.Request) -> tuple[bytes, web.Response | None]:
+        """The request body within the limits: (body, None) or (b"", error answer).
+
+        A Content-Length above the limit is refused before any byte of the body
+        is read; a chunked body is cut off once it passes the limit. Each read
+        must make progress within ``body_timeout_s`` and the whole body arrive
+        within ``body_total_timeout_s`` (408). Refused bodies close the
+        connection (the rest is never read).
+        """
+        lim = self.cfg.limits
+        length = request.content_length
+        if length is not None and length > lim.max_body_bytes:
+            return b"", self._close(_json_response(
+                413, f"request body of {length} bytes is larger than the limit of {lim.max_body_bytes} bytes"))
+        parts: list[bytes] = []
+        size = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + lim.body_total_timeout_s
+        while True:
+            wait = min(lim.body_timeout_s, deadline - loop.time())
+            try:
+                if wait <= 0:
+                    raise asyncio.TimeoutError
+                chunk = await asyncio.wait_for(request.content.readany(), wait)
+            except asyncio.TimeoutError:
+                return b"", self._close(_json_response(
+                    408, f"request body not received in time (read timeout {lim.body_timeout_s:g}s, "
+                         f"total {lim.body_total_timeout_s:g}s)"))
+            except aiohttp.ClientPayloadError as exc:  # e.g. malformed chunked encoding
+                return b"", self._close(_json_response(400, f"invalid request body: {exc}"))
+            if not chunk:
+                return b"".join(parts), None
+            size += len(chunk)
+            if size > lim.max_body_bytes:
+                return b"", self._close(_json_response(
+                    413, f"request body is larger than the limit of {lim.max_body_bytes} bytes"))
+            parts.append(chunk)
+
+    @staticmethod
+    def _close(resp: web.Response) -> web.Response:
+        resp.force_close()
+        return resp
+
+    @staticmethod
+    def _parse(body: bytes, path: str) -> tuple[web.Response | None, Any]:
+        """(None, (request, checked fields)) or (400 answer, None)."""
+        try:
+            req = json.loads(body)
+            if not isinstance(req, dict):
+                raise ValueError("body is not a JSON object")
+        except ValueError as exc:
+            return _json_response(400, f"invalid JSON request: {exc}"), None
+        fields, err = check_request(req, chat=path.endswith("/chat/completions"))
+        if err is not None:
+            return web.Response(body=json.dumps(err).encode(), status=400, content_type="application/json"), None
+        return None, (req, fields)
 
     @staticmethod
     def _headers(request: web.Request, attempt_id: str, client_id: str) -> dict[str, str]:
@@ -135,25 +209,24 @@ class Forwarder:
             h["Authorization"] = auth
         return h
 
-    async def _run(self, request: web.Request, path: str, req: dict[str, Any],
+    async def _run(self, request: web.Request, path: str, req: dict[str, Any], fields: Any,
                    t0: float, client_id: str) -> tuple[web.StreamResponse, str]:
-        stream = bool(req.get("stream", False))
-        tracker = RecomputeTracker.for_request(req)
+        stream = bool(fields.stream)
+        tracker = RecomputeTracker.for_request(req, max_tokens=fields.max_tokens)
         failed_decodes: dict[str, str] = {}
         client_resp: web.StreamResponse | None = None
         current = req
         while True:
             try:
-                self.pool.pick("decode", failed_decodes)  # fail fast, before any prefill work
+                self.pool.pick("decode", failed_decodes, count=False)  # fail fast, before any prefill work
                 p_state, p_tokens, kv_answer = await self._prefill(request, path, current, client_id)
             except NoInstanceError as exc:
                 if exc.role == "decode":
                     exc = NoInstanceError("decode", {**exc.reasons, **failed_decodes})
-                return await self._fail(client_resp, 503, str(exc), "service_unavailable"), "no_instance"
+                return await self._fail(client_resp, 503, str(exc)), "no_instance"
             except ClientAnswer as ans:
                 if client_resp is not None:
-                    return await self._fail(client_resp, ans.status, ans.body.decode(errors="replace"),
-                                            "upstream_error"), "stream_error"
+                    return await self._relay_error(client_resp, ans.status, ans.body), "stream_error"
                 return web.Response(status=ans.status, body=ans.body, content_type=ans.content_type), "client_error"
             decode_req = build_decode_request(current, kv_answer)
             try:
@@ -161,7 +234,7 @@ class Forwarder:
             except NoInstanceError as exc:
                 self.pool.end(p_state, p_tokens)
                 exc = NoInstanceError("decode", {**exc.reasons, **failed_decodes})
-                return await self._fail(client_resp, 503, str(exc), "service_unavailable"), "no_instance"
+                return await self._fail(client_resp, 503, str(exc)), "no_instance"
             self.metrics.decisions.labels("decode", d_state.name).inc()
             result = await self._decode(request, path, decode_req, client_id, p_state, p_tokens, d_state,
                                         stream, tracker, client_resp, t0)
@@ -177,8 +250,8 @@ class Forwarder:
                     continue
                 msg = f"decode failed on {', '.join(sorted(failed_decodes))}: {result[2]}"
                 if client_resp is not None:
-                    return await self._fail(client_resp, 502, msg, "upstream_error"), "stream_error"
-                return _json_response(502, msg, "upstream_error"), "upstream_error"
+                    return await self._fail(client_resp, 502, msg), "stream_error"
+                return _json_response(502, msg), "upstream_error"
             if kind == "stream_error":
                 return result[1], "stream_error"
             if kind == "client_gone":
@@ -191,12 +264,20 @@ class Forwarder:
             raise AssertionError(kind)
 
     async def _fail(self, client_resp: web.StreamResponse | None, status: int, message: str,
-                    err_type: str) -> web.StreamResponse:
-        """Error answer: JSON if nothing was sent yet, else a final SSE error event."""
+                    err_type: str | None = None) -> web.StreamResponse:
+        """The proxy's error answer: JSON if nothing was sent yet, else a final SSE error event."""
         if client_resp is None:
             return _json_response(status, message, err_type)
+        return await self._end_stream(client_resp, sse_error_event(message, status, err_type))
+
+    async def _relay_error(self, client_resp: web.StreamResponse, status: int, body: bytes) -> web.StreamResponse:
+        """An engine's error answer on a stream already under way: its error object as the final event."""
+        return await self._end_stream(client_resp, relayed_error_event(status, body))
+
+    @staticmethod
+    async def _end_stream(client_resp: web.StreamResponse, event: bytes) -> web.StreamResponse:
         try:
-            await client_resp.write(sse_error_event(message, status, err_type))
+            await client_resp.write(event)
             await client_resp.write_eof()
         except (ConnectionResetError, RuntimeError):
             pass
@@ -288,8 +369,7 @@ class Forwarder:
                         if client_resp is None:
                             return ("client_error", web.Response(status=upstream.status, body=body,
                                                                  content_type=upstream.content_type))
-                        return ("stream_error", await self._fail(client_resp, upstream.status,
-                                                                 body.decode(errors="replace"), "upstream_error"))
+                        return ("stream_error", await self._relay_error(client_resp, upstream.status, body))
                     first = await (upstream.content.readany() if stream else upstream.read())
             except (aiohttp.ClientError, asyncio.TimeoutError, UpstreamFailure) as exc:
                 failure = exc if isinstance(exc, UpstreamFailure) else _failure_from(d_state, exc, "decode")
@@ -419,7 +499,7 @@ class Forwarder:
         log.warning("request %s: decode %s on %s failed mid-stream: %r", client_id, attempt_id, d_state.name, exc)
         return ("stream_error", await self._fail(
             client_resp, 502, f"decode instance {d_state.name} failed mid-stream ({reason}); "
-            "the answer is incomplete and was not retried", "upstream_error"))
+            "the answer is incomplete and was not retried"))
 
     def _split_recompute(self, blob: bytes, history: list[bytes],
                          tracker: RecomputeTracker) -> tuple[bytes, bool]:

@@ -1,7 +1,11 @@
 """Active health checks and load scraping of every instance.
 
-Every ``interval_s`` each instance gets ``GET /health`` (200 = healthy) and, if
-healthy, ``GET /metrics`` from which ``vllm:kv_cache_usage_perc`` (0..1,
+Every ``interval_s`` each instance gets ``GET /health``. A 200 passes; a
+refused connection or another status fails; a timeout is *slow*, which is not a
+failure unless the instance's last real request failed too (a saturated engine
+answers /health late but still serves). Ejection on failed checks and
+re-admission are the pool's (:meth:`InstancePool.record_health`). After a
+passing check, ``GET /metrics`` from which ``vllm:kv_cache_usage_perc`` (0..1,
 averaged over label sets such as DP ranks) and ``vllm:num_requests_waiting``
 (summed) refine routing. A failed scrape leaves the last values untouched.
 """
@@ -18,7 +22,9 @@ from ascend_runtime.proxy.pool import InstancePool, InstanceState
 
 log = logging.getLogger(__name__)
 
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+# Metric names of the supported releases (ascend_runtime.engine.releases.METRICS; checked against every
+# release's surface by tests/engine/test_conformance.py).
+KV_USAGE = ("vllm:kv_cache_usage_perc",)
 WAITING = "vllm:num_requests_waiting"
 
 
@@ -76,15 +82,16 @@ class HealthChecker:
     async def check(self, state: InstanceState) -> bool:
         """Probe one instance; update health and scraped load. Returns health."""
         url = state.spec.url
+        slow = False
         try:
             async with self.session.get(url + "/health", timeout=self.timeout) as resp:
                 await resp.read()
                 ok, reason = resp.status == 200, f"/health returned {resp.status}"
         except asyncio.TimeoutError:
-            ok, reason = False, f"/health timed out after {self.timeout.total}s"
+            ok, slow, reason = False, True, f"/health timed out after {self.timeout.total}s"
         except aiohttp.ClientError as exc:
             ok, reason = False, f"/health unreachable: {exc.__class__.__name__}"
-        self.pool.record_health(state, ok, "" if ok else reason)
+        self.pool.record_health(state, ok, "" if ok else reason, slow=slow)
         if ok:
             try:
                 async with self.session.get(url + "/metrics", timeout=self.timeout) as resp:

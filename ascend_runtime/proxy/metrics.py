@@ -1,17 +1,28 @@
 """Prometheus metrics of the proxy, in a registry of its own (one per proxy).
 
 Names (all prefixed ``ascend_proxy_``):
-  requests_total{endpoint,outcome}          counter; outcome in success, client_error,
+  requests_total{endpoint,outcome,status}   counter; outcome in success, client_error,
                                             upstream_error, no_instance, stream_error,
-                                            client_disconnect
+                                            client_disconnect, proxy_error; status is the
+                                            answer's HTTP status (200 for a stream ended
+                                            by an error event, 499 client went away)
   ttft_seconds / itl_seconds / e2e_seconds   histograms measured at the proxy (seconds):
                                             first relayed byte after arrival, gaps between
                                             relayed upstream chunks, last byte after arrival
   inflight{role,instance}                   gauge of requests currently on each instance
   routing_decisions_total{role,instance}    counter of picks
   retries_total{role,reason}                counter of attempts moved to another instance
-  ejections_total{role,instance,reason}     counter; reason in failures, unreachable,
+  ejections_total{role,instance,reason}     counter; reason in consecutive_errors,
+                                            connect_failure, success_rate, failure_percent,
                                             health_check
+  ejections_skipped_total{role,instance,reason}  outlier evidence that did not eject because
+                                            of the max ejection percent (kept in rotation)
+  readmissions_total{role,instance}         ejected instances put back in rotation
+  panic_routing_total{role,kind}            picks that had to use an outlier kept in
+                                            rotation (kind=outlier) or an ejected instance
+                                            (kind=ejected) because nothing else was left
+  slow_health_checks_total{role,instance}   /health checks that timed out (not failures)
+  instance_ejected{role,instance}           1 while ejected (refreshed on scrape)
   recomputes_total                          decode answers continued after stop_reason=recomputed
   relayed_chunks_total                      upstream body chunks relayed to clients
   instance_routable{role,instance}          1 if routable now (refreshed on scrape)
@@ -35,7 +46,8 @@ class ProxyMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         p = "ascend_proxy_"
-        self.requests = Counter(p + "requests", "Client requests by outcome", ["endpoint", "outcome"], registry=r)
+        self.requests = Counter(p + "requests", "Client requests by outcome and answer status",
+                                ["endpoint", "outcome", "status"], registry=r)
         self.ttft = Histogram(p + "ttft_seconds", "Proxy-side time to first byte", buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram(p + "itl_seconds", "Proxy-side gap between relayed chunks", buckets=ITL_BUCKETS, registry=r)
         self.e2e = Histogram(p + "e2e_seconds", "Proxy-side request latency", buckets=LATENCY_BUCKETS, registry=r)
@@ -44,6 +56,16 @@ class ProxyMetrics:
         self.retries = Counter(p + "retries", "Attempts moved to another instance", ["role", "reason"], registry=r)
         self.ejections = Counter(p + "ejections", "Instances taken out of rotation", ["role", "instance", "reason"],
                                  registry=r)
+        self.ejections_skipped = Counter(p + "ejections_skipped", "Outliers kept in rotation by the ejection cap",
+                                         ["role", "instance", "reason"], registry=r)
+        self.readmissions = Counter(p + "readmissions", "Ejected instances put back in rotation",
+                                    ["role", "instance"], registry=r)
+        self.panic = Counter(p + "panic_routing", "Picks that used an outlier or ejected instance",
+                             ["role", "kind"], registry=r)
+        self.slow_checks = Counter(p + "slow_health_checks", "Health checks that timed out", ["role", "instance"],
+                                   registry=r)
+        self.ejected = Gauge(p + "instance_ejected", "1 while the instance is ejected", ["role", "instance"],
+                             registry=r)
         self.recomputes = Counter(p + "recomputes", "Decode answers continued after recompute", registry=r)
         self.chunks = Counter(p + "relayed_chunks", "Upstream body chunks relayed", registry=r)
         self.routable = Gauge(p + "instance_routable", "1 if the instance takes new requests", ["role", "instance"],
@@ -54,11 +76,17 @@ class ProxyMetrics:
     def on_pool_event(self, kind: str, state: InstanceState, reason: str) -> None:
         """Hook for :class:`InstancePool` events."""
         if kind == "eject":
-            short = "health_check" if reason.startswith("health check") else (
-                "unreachable" if "unreachable" in reason else "failures")
-            self.ejections.labels(state.role, state.name, short).inc()
+            self.ejections.labels(state.role, state.name, reason).inc()
+        elif kind == "eject_skipped":
+            self.ejections_skipped.labels(state.role, state.name, reason).inc()
+        elif kind == "readmit":
+            self.readmissions.labels(state.role, state.name).inc()
+        elif kind == "panic":
+            self.panic.labels(state.role, reason).inc()
+        elif kind == "slow_check":
+            self.slow_checks.labels(state.role, state.name).inc()
         elif kind == "remove":
-            for gauge in (self.inflight, self.routable, self.kv_usage):
+            for gauge in (self.inflight, self.routable, self.kv_usage, self.ejected):
                 try:
                     gauge.remove(state.role, state.name)
                 except KeyError:
@@ -70,6 +98,7 @@ class ProxyMetrics:
         for s in pool.all():
             self.inflight.labels(s.role, s.name).set(s.inflight)
             self.routable.labels(s.role, s.name).set(1 if s.routable(now) else 0)
+            self.ejected.labels(s.role, s.name).set(1 if s.ejected else 0)
             if s.kv_usage is not None:
                 self.kv_usage.labels(s.role, s.name).set(s.kv_usage)
         return generate_latest(self.registry)

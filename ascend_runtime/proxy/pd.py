@@ -37,6 +37,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from ascend_runtime.proxy import errors
+
 PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
     "do_remote_prefill": False,
@@ -121,16 +123,21 @@ class RecomputeTracker:
     current: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def for_request(cls, req: dict[str, Any]) -> "RecomputeTracker":
+    def for_request(cls, req: dict[str, Any], max_tokens: int | None = None) -> "RecomputeTracker":
+        """max_tokens: the request's validated ``max_tokens`` (validate.py); else read from ``req``
+        (an int there, anything else counts as absent); absent = 16."""
+        if max_tokens is None:
+            raw = req.get("max_tokens")
+            max_tokens = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
         chat = "messages" in req and "prompt" not in req
+        messages = req.get("messages")
         if "prompt" in req:
             prompt = req["prompt"]
-        elif chat and req.get("messages"):
-            prompt = req["messages"][0].get("content", "")
+        elif chat and isinstance(messages, list) and messages and isinstance(messages[0], dict):
+            prompt = messages[0].get("content", "")
         else:
             prompt = ""
-        return cls(original=req, chat=chat, origin_prompt=prompt,
-                   origin_max_tokens=int(req.get("max_tokens", 16) or 16), current=req)
+        return cls(original=req, chat=chat, origin_prompt=prompt, origin_max_tokens=max_tokens or 16, current=req)
 
     def add_choice(self, choice: dict[str, Any], usage_tokens: int | None) -> bool:
         """Account one answer chunk/choice; return True if it asks for a recompute.
@@ -187,12 +194,11 @@ def sse_events(blob: bytes) -> list[dict[str, Any]]:
     return out
 
 
-def sse_error_event(message: str, code: int = 502, err_type: str = "upstream_error") -> bytes:
-    """A clean, final SSE error event followed by ``[DONE]`` (OpenAI error shape)."""
-    err = {"error": {"message": message, "type": err_type, "code": code, "param": None}}
-    return b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"
+def sse_error_event(message: str, code: int = 502, err_type: str | None = None) -> bytes:
+    """A clean, final SSE error event followed by ``[DONE]`` (vLLM 0.23.0's error shape, see errors.py)."""
+    return errors.sse_error_event(message, code, err_type)
 
 
-def error_body(message: str, code: int, err_type: str) -> dict[str, Any]:
-    """OpenAI-style JSON error body."""
-    return {"error": {"message": message, "type": err_type, "code": code, "param": None}}
+def error_body(message: str, code: int, err_type: str | None = None) -> dict[str, Any]:
+    """vLLM 0.23.0's ``ErrorResponse`` JSON (see errors.py)."""
+    return errors.error_body(message, code, err_type)

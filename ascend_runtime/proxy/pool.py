@@ -10,13 +10,23 @@ instance's ``/metrics`` (``vllm:kv_cache_usage_perc``,
 from __future__ import annotations
 
 import itertools
+import logging
+import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ascend_runtime.proxy.config import RoutingWeights
+from ascend_runtime.proxy.config import OutlierPolicy, RoutingWeights
 from ascend_runtime.proxy.instances import ROLES, InstanceSpec, Role
+
+log = logging.getLogger(__name__)
+
+
+#: Ejection reasons meaning the instance is down (not capped by max_percent, never used in panic routing).
+DOWN_REASONS = ("connect_failure", "health_check")
 
 
 @dataclass(slots=True)
@@ -30,11 +40,23 @@ class InstanceState:
     inflight: int = 0
     kv_usage: float | None = None
     waiting: float | None = None
-    healthy: bool = True
     health_reason: str = "not checked yet"
-    consecutive_failures: int = 0
+    # passive evidence from real traffic
+    consecutive_errors: int = 0
+    consecutive_connect_failures: int = 0
+    outcomes: deque = field(default_factory=deque)
+    last_failure: str = ""
+    # active checks
+    check_failures: int = 0
+    slow_checks: int = 0
+    # ejection
+    ejected: bool = False
     ejected_until: float = 0.0
+    eject_kind: str = ""
     eject_reason: str = ""
+    eject_count: int = 0
+    readmitted_at: float = 0.0
+    outlier: str = ""  # outlier evidence while kept in rotation by max_percent ('' = none)
     draining: bool = False
     removed: bool = False
     served: int = 0
@@ -47,9 +69,22 @@ class InstanceState:
     def role(self) -> Role:
         return self.spec.role
 
+    @property
+    def down(self) -> bool:
+        """Ejected because it refused connections or failed active checks."""
+        return self.ejected and self.eject_kind in DOWN_REASONS
+
+    @property
+    def healthy(self) -> bool:
+        return not self.down
+
+    @property
+    def consecutive_failures(self) -> int:
+        return max(self.consecutive_errors, self.consecutive_connect_failures)
+
     def routable(self, now: float) -> bool:
-        """True if new requests may be sent here."""
-        return self.healthy and not self.draining and not self.removed and now >= self.ejected_until
+        """True if new requests may be sent here (outliers kept in rotation count as routable)."""
+        return not self.ejected and not self.draining and not self.removed
 
     def why_not_routable(self, now: float) -> str:
         """Human-readable reason this instance is skipped ('' if routable)."""
@@ -57,10 +92,10 @@ class InstanceState:
             return "removed"
         if self.draining:
             return "draining"
-        if now < self.ejected_until:
-            return f"ejected for {self.ejected_until - now:.1f}s more ({self.eject_reason})"
-        if not self.healthy:
-            return f"unhealthy ({self.health_reason})"
+        if self.ejected:
+            if now < self.ejected_until:
+                return f"ejected for {self.ejected_until - now:.1f}s more ({self.eject_reason})"
+            return f"ejected, waiting for a passing health check ({self.eject_reason})"
         return ""
 
     def snapshot(self, now: float) -> dict[str, Any]:
@@ -69,7 +104,7 @@ class InstanceState:
             **self.spec.to_dict(),
             "source": self.source,
             "routable": self.routable(now),
-            "status": self.why_not_routable(now) or "ok",
+            "status": self.why_not_routable(now) or ("ok" if not self.outlier else f"outlier ({self.outlier})"),
             "healthy": self.healthy,
             "draining": self.draining,
             "inflight": self.inflight,
@@ -78,6 +113,8 @@ class InstanceState:
             "kv_cache_usage": self.kv_usage,
             "num_requests_waiting": self.waiting,
             "consecutive_failures": self.consecutive_failures,
+            "ejections": self.eject_count,
+            "health": self.health_reason,
             "served": self.served,
         }
 
@@ -99,13 +136,19 @@ EventHook = Callable[[str, InstanceState, str], None]
 class InstancePool:
     """All known instances of both roles, with selection and passive health.
 
-    ``on_event(kind, state, reason)`` is called for ``eject``, ``readmit``,
-    ``add``, ``remove``; the metrics module hooks in there.
+    ``on_event(kind, state, reason)`` is called for ``eject`` (reason: the
+    ejection kind), ``eject_skipped`` (outlier kept in rotation by the
+    max-percent cap), ``readmit``, ``panic`` (a pick that had to use an outlier
+    or ejected instance), ``slow_check``, ``add``, ``remove``; the metrics
+    module hooks in there. Ejection policy: :class:`OutlierPolicy`.
+    ``active_checks``: re-admission waits for a passing health check (set when
+    the health checker runs); otherwise an instance is re-admitted as soon as
+    its ejection time is over.
     """
 
     weights: RoutingWeights = field(default_factory=RoutingWeights)
-    eject_after: int = 3
-    eject_duration_s: float = 5.0
+    policy: OutlierPolicy = field(default_factory=OutlierPolicy)
+    active_checks: bool = False
     on_event: EventHook | None = None
     clock: Callable[[], float] = time.monotonic
     _by_name: dict[str, InstanceState] = field(default_factory=dict)
@@ -176,28 +219,45 @@ class InstancePool:
             raw = w.decode_seq_weight * state.active_seqs + w.decode_kv_weight * kv + w.decode_waiting_weight * waiting
         return raw / state.spec.weight
 
-    def pick(self, role: Role, exclude: Iterable[str] = ()) -> InstanceState:
+    def pick(self, role: Role, exclude: Iterable[str] = (), count: bool = True) -> InstanceState:
         """Least-loaded routable instance of ``role`` not in ``exclude``; ties rotate.
 
-        Raises NoInstanceError listing why every candidate was skipped.
+        Instances with outlier evidence kept in rotation, then ejected outliers
+        (not down ones), are used only when nothing else is left (panic
+        routing; ``count`` False: a look-ahead, not counted). Raises
+        NoInstanceError listing why every candidate was skipped.
         """
         now = self.clock()
         excluded = set(exclude)
+        tiers: tuple[list[InstanceState], list[InstanceState], list[InstanceState]] = ([], [], [])
+        for state in self._by_name.values():
+            if state.role != role or state.name in excluded or state.removed or state.draining:
+                continue
+            if state.ejected and not self.active_checks and now >= state.ejected_until:
+                self.readmit(state, "ejection time over")
+            if not state.ejected:
+                tiers[1 if state.outlier else 0].append(state)
+            elif not state.down:
+                tiers[2].append(state)
+        for i, tier in enumerate(tiers):
+            if tier:
+                if i and count:
+                    self._emit("panic", tier[0], "outlier" if i == 1 else "ejected")
+                return self._least_loaded(tier)
+        reasons = {}
+        for s in self.all(role):
+            reasons[s.name] = "already failed for this request" if s.name in excluded else s.why_not_routable(now)
+        raise NoInstanceError(role, reasons)
+
+    def _least_loaded(self, states: list[InstanceState]) -> InstanceState:
         best: list[InstanceState] = []
         best_score = 0.0
-        for state in self._by_name.values():
-            if state.role != role or state.name in excluded or not state.routable(now):
-                continue
+        for state in states:
             sc = self.score(state)
             if not best or sc < best_score:
                 best, best_score = [state], sc
             elif sc == best_score:
                 best.append(state)
-        if not best:
-            reasons = {}
-            for s in self.all(role):
-                reasons[s.name] = "already failed for this request" if s.name in excluded else s.why_not_routable(now)
-            raise NoInstanceError(role, reasons)
         return best[next(self._rr) % len(best)] if len(best) > 1 else best[0]
 
     # ---- load accounting ------------------------------------------------------------
@@ -218,47 +278,130 @@ class InstancePool:
             state.active_seqs -= 1
         self._reap(state)
 
-    # ---- passive and active health ----------------------------------------------------
+    # ---- passive and active health (outlier detection) --------------------------------
     def record_success(self, state: InstanceState) -> None:
-        state.consecutive_failures = 0
+        """A request on ``state`` succeeded."""
+        state.consecutive_errors = state.consecutive_connect_failures = 0
         state.served += 1
+        state.outlier = ""
+        self._window(state, True)
 
     def record_failure(self, state: InstanceState, reason: str, hard: bool = False) -> None:
-        """Count a failed request; eject after ``eject_after`` in a row, or at once if ``hard``.
-
-        hard: the instance is unreachable (connection refused/reset); it is also
-        marked unhealthy until an active health check passes.
-        """
-        state.consecutive_failures += 1
+        """A request on ``state`` failed: 5xx, timeout or bad answer, or (``hard``) a refused/reset
+        connection or broken stream. Ejects on the policy's passive evidence."""
+        p = self.policy
+        state.last_failure = reason
+        self._window(state, False)
         if hard:
-            state.healthy = False
-            state.health_reason = reason
-        if hard or state.consecutive_failures >= self.eject_after:
-            self.eject(state, reason)
-
-    def eject(self, state: InstanceState, reason: str) -> None:
-        """Take ``state`` out of rotation for ``eject_duration_s``."""
-        now = self.clock()
-        already = now < state.ejected_until
-        state.ejected_until = now + self.eject_duration_s
-        state.eject_reason = reason
-        # One more failure after re-admission ejects again.
-        state.consecutive_failures = max(0, self.eject_after - 1)
-        if not already:
-            self._emit("eject", state, reason)
-
-    def record_health(self, state: InstanceState, ok: bool, reason: str = "") -> None:
-        """Apply an active ``/health`` result."""
-        if ok and not state.healthy:
-            state.healthy, state.health_reason = True, "ok"
-            self._emit("readmit", state, "health check passed")
-        elif not ok and state.healthy:
-            state.healthy, state.health_reason = False, reason
-            self._emit("eject", state, f"health check: {reason}")
-        elif ok:
-            state.health_reason = "ok"
+            state.consecutive_connect_failures += 1
+            if state.consecutive_connect_failures >= p.consecutive_connect_failures:
+                self.eject(state, "connect_failure", f"{state.consecutive_connect_failures} connect failure(s) "
+                                                     f"in a row, last: {reason}")
+                return
         else:
-            state.health_reason = reason
+            state.consecutive_errors += 1
+            if state.consecutive_errors >= p.consecutive_errors:
+                self.eject(state, "consecutive_errors", f"{state.consecutive_errors} failed requests in a row "
+                                                        f"(5xx/timeout), last: {reason}")
+                return
+        self._check_rates(state)
+
+    def _window(self, state: InstanceState, ok: bool) -> None:
+        state.outcomes.append(ok)
+        while len(state.outcomes) > max(1, self.policy.window):
+            state.outcomes.popleft()
+
+    def _check_rates(self, state: InstanceState) -> None:
+        """Success-rate outlier check (stdev across the role) and failure-percentage check of ``state``."""
+        p = self.policy
+        n = len(state.outcomes)
+        if n < max(1, p.min_requests):
+            return
+        rate = 100.0 * sum(state.outcomes) / n
+        if p.failure_percent > 0 and 100.0 - rate >= p.failure_percent:
+            self.eject(state, "failure_percent", f"{100 - rate:.0f}% of the last {n} requests failed "
+                                                 f"(threshold {p.failure_percent:g}%)")
+            return
+        rates = [100.0 * sum(s.outcomes) / len(s.outcomes) for s in self.all(state.role)
+                 if not s.removed and len(s.outcomes) >= max(1, p.min_requests)]
+        if len(rates) < max(2, p.success_rate_min_hosts):
+            return
+        threshold = statistics.fmean(rates) - p.stdev_factor * statistics.pstdev(rates)
+        if rate < threshold:
+            self.eject(state, "success_rate", f"success rate {rate:.0f}% over the last {n} requests is below "
+                                              f"{threshold:.0f}% (role mean - {p.stdev_factor:g} stdev)")
+
+    def eject(self, state: InstanceState, kind: str, reason: str) -> bool:
+        """Take ``state`` out of rotation for ``base_s * n`` (n-th ejection in a row, at most ``max_s``).
+
+        kind: connect_failure, health_check (down), consecutive_errors,
+        success_rate, failure_percent (outliers; capped by ``max_percent``).
+        Returns False if the cap kept it in rotation.
+        """
+        p = self.policy
+        now = self.clock()
+        if state.ejected:
+            if kind in DOWN_REASONS and state.eject_kind not in DOWN_REASONS:
+                state.eject_kind, state.eject_reason = kind, reason  # an ejected outlier turned out down
+            return True
+        if kind not in DOWN_REASONS:
+            up = [s for s in self.all(state.role) if not s.removed and not s.draining and not s.down]
+            ejected = sum(1 for s in up if s.ejected)
+            allowed = math.floor(len(up) * p.max_percent / 100.0 + 1e-9)
+            if ejected + 1 > allowed:
+                if not state.outlier:
+                    log.warning("%s instance %s kept in rotation (max %g%% of %d ejected): %s", state.role,
+                                state.name, p.max_percent, len(up), reason)
+                    self._emit("eject_skipped", state, kind)
+                state.outlier = reason
+                self._reset_evidence(state)
+                return False
+        if state.eject_count and now - state.readmitted_at > p.max_s:
+            state.eject_count = 0  # stayed in rotation long enough: the backoff starts again
+        state.eject_count += 1
+        duration = min(p.max_s, p.base_s * state.eject_count)
+        state.ejected, state.ejected_until = True, now + duration
+        state.eject_kind, state.eject_reason, state.outlier = kind, reason, ""
+        self._reset_evidence(state)
+        log.warning("ejected %s instance %s for %.1fs (ejection %d, %s): %s", state.role, state.name, duration,
+                    state.eject_count, kind, reason)
+        self._emit("eject", state, kind)
+        return True
+
+    def _reset_evidence(self, state: InstanceState) -> None:
+        state.consecutive_errors = state.consecutive_connect_failures = state.check_failures = 0
+        state.outcomes.clear()
+
+    def readmit(self, state: InstanceState, why: str) -> None:
+        """Put an ejected instance back in rotation."""
+        if not state.ejected:
+            return
+        state.ejected = False
+        state.readmitted_at = self.clock()
+        log.info("re-admitted %s instance %s (was ejected: %s): %s", state.role, state.name, state.eject_reason, why)
+        self._emit("readmit", state, why)
+
+    def record_health(self, state: InstanceState, ok: bool, reason: str = "", slow: bool = False) -> None:
+        """Apply an active ``/health`` result: ``ok`` (200), a failure (refused, non-200) or ``slow`` (timed out).
+
+        A slow check counts as failed only if the instance's last real request failed too.
+        """
+        now = self.clock()
+        if ok:
+            state.check_failures = state.slow_checks = 0
+            state.health_reason = "ok"
+            if state.ejected and now >= state.ejected_until:
+                self.readmit(state, "ejection time over and health check passed")
+            return
+        if slow and state.consecutive_failures == 0:
+            state.slow_checks += 1
+            state.health_reason = f"slow ({reason}); serving requests"
+            self._emit("slow_check", state, reason)
+            return
+        state.check_failures += 1
+        state.health_reason = reason
+        if state.check_failures >= max(1, self.policy.health_failures):
+            self.eject(state, "health_check", f"{state.check_failures} failed health checks in a row, last: {reason}")
 
     def summary(self) -> dict[str, Any]:
         """Counts of routable instances per role and the reasons others are skipped."""

@@ -3,6 +3,8 @@
 ``handle = await start_proxy(config)`` serves until ``await handle.stop()``.
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 GET /health and /healthcheck, GET /metrics, and the admin API (admin.py).
+Errors are in vLLM 0.23.0's shape (errors.py); other paths answer 404
+``{"detail": "Not Found"}``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ascend_runtime.proxy.forward import Forwarder
 from ascend_runtime.proxy.health import HealthChecker
 from ascend_runtime.proxy.instances import InstanceSpec, check_unique
 from ascend_runtime.proxy.metrics import ProxyMetrics
-from ascend_runtime.proxy.pd import error_body
+from ascend_runtime.proxy.errors import error_response, json_not_found
 from ascend_runtime.proxy.pool import InstancePool
 
 log = logging.getLogger(__name__)
@@ -105,13 +107,13 @@ def _health_payload(pool: InstancePool) -> tuple[int, dict[str, Any]]:
 def build_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None) -> Proxy:
     """Wire pool, metrics, client session, forwarder, health checker and routes (needs a running loop)."""
     metrics = ProxyMetrics()
-    pool = InstancePool(weights=config.weights, eject_after=config.eject_after,
-                        eject_duration_s=config.eject_duration_s, on_event=metrics.on_pool_event)
+    pool = InstancePool(weights=config.weights, policy=config.outlier_policy(),
+                        active_checks=config.health_interval_s > 0, on_event=metrics.on_pool_event)
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=60, keepalive_timeout=30)
     session = aiohttp.ClientSession(connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",))
     forwarder = Forwarder(config, pool, metrics, session)
     health = HealthChecker(pool, session, config.health_interval_s, config.health_timeout_s)
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=config.limits.max_body_bytes, middlewares=[json_not_found])
     proxy = Proxy(config, pool, metrics, session, forwarder, health, app, k8s_discovery=k8s)
 
     async def completions(request: web.Request) -> web.StreamResponse:
@@ -142,7 +144,7 @@ def build_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None) -> 
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 failures.append(f"{state.name}: {exc.__class__.__name__}")
         msg = "no instance answered /v1/models" + (f" ({'; '.join(failures)})" if failures else ": none configured")
-        return web.json_response(error_body(msg, 503, "service_unavailable"), status=503)
+        return error_response(503, msg)
 
     app.add_routes([
         web.post("/v1/completions", completions),
@@ -174,7 +176,11 @@ async def start_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = Non
         k8s.apply = lambda specs: proxy.apply_static(specs, "k8s")
         k8s.start(asyncio.get_running_loop())
     # handler_cancellation: a client disconnect cancels the handler, which closes upstream requests.
-    runner = web.AppRunner(proxy.app, handler_cancellation=True, access_log=None)
+    # keepalive_timeout: aiohttp closes a connection that has not sent a complete request head this long
+    # after it opened or after the previous answer (the header timeout; also the keep-alive idle timeout).
+    # lingering_time=0: a refused body (413) is never read; the connection is closed after the answer.
+    runner = web.AppRunner(proxy.app, handler_cancellation=True, access_log=None,
+                           keepalive_timeout=config.limits.header_timeout_s, lingering_time=0)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True)
     await site.start()

@@ -1,107 +1,46 @@
-"""The ``vllm serve`` command line of one rank, for both KV connector dialects.
+"""The ``vllm serve`` command line of one rank, in the dialect of the targeted release.
 
-:data:`VERSION_TABLE` is the one place that says what a range of vLLM-Ascend
-releases reads: which KV connector classes it has (LLMDataDist and/or Mooncake),
-the name of the LLMDataDist RPC port variable, which MoE operator switches
-exist as environment variables, and how ``--additional-config`` spells the
-EPLB keys. :mod:`ascend_runtime.render.environment` reads the same table.
+What a release reads comes from :mod:`ascend_runtime.engine.releases` (the rule
+table, each entry citing its upstream file) and is checked against the
+release's extracted surface by the conformance tests (tests/engine/). This
+module does not branch on version numbers: it asks the release row how each
+concern is spelt (graph mode, redundant experts, EPLB, operator options).
 
-Sources (facts file section 2; vllm-ascend release notes v0.10.1rc1: #2450 renamed
-``VLLM_LLMDD_RPC_PORT`` to ``VLLM_ASCEND_LLMDD_RPC_PORT``, #2612 removed
-``VLLM_ASCEND_ENABLE_MOE_ALL2ALL_SEQ``; ``examples/disaggregated_prefill_v1/README.md``;
-``mooncake_connector_deployment_guide.md``; the large-EP guide). The first releases
-reading ``VLLM_ASCEND_ENABLE_MLAPO`` (0.11) and ``VLLM_ASCEND_ENABLE_FUSED_MC2`` (0.12)
-are our reading, not confirmed by a release note; see docs/rendering.md.
+Recipe values (the upstream tutorials of vLLM-Ascend v0.23.0:
+docs/source/tutorials/models/DeepSeek-V3.1.md "Multi-Node PD Separation",
+docs/source/user_guide/feature_guide/expert_parallelism_load_balancer.md):
+seed 1024 on every DP rank, MTP with one speculative token, decode graphs
+``FULL_DECODE_ONLY``, the recompute scheduler on decode, EPLB intervals per
+role (prefill 50/5, decode 600/50 steps).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import math
 from typing import Any
 
+from ascend_runtime.engine.releases import Connector, EngineRelease, release
 from ascend_runtime.planner.plan import InstancePlan, Plan, RankPlan
-from ascend_runtime.planner.versions import Version, parse_version
 
 SEED = 1024  # every DP rank of an instance must sample the same way; the recipes use 1024
-MTP_CONFIG = {"num_speculative_tokens": 1, "method": "deepseek_mtp"}
+MTP_SPEC_TOKENS = 1
+#: EPLB intervals (engine steps) per role when the stage leaves them unset (EPLB guide, v0.23.0: "P node" 50/5,
+#: "D node or colocation" 600/50).
+EPLB_INTERVALS = {"prefill": (50, 5), "decode": (600, 50)}
+#: Requests/s one API server process is planned for when sizing --api-server-count from
+#: slo.expected_request_rate (a planning assumption of this kit, not an upstream figure; docs/rendering.md).
+REQUESTS_PER_API_SERVER = 50.0
 
 
-@dataclass(frozen=True)
-class Connector:
-    """One KV connector class as ``--kv-transfer-config`` names it."""
-
-    dialect: str
-    kv_connector: str
-    module_path: str
-    needs_rank_table: bool
-    extra_config: bool
-
-
-LLMDATADIST = Connector(
-    "llmdatadist", "LLMDataDistCMgrConnector", "vllm_ascend.distributed.llmdatadist_c_mgr_connector", True, False
-)
-MOONCAKE = Connector("mooncake", "MooncakeConnectorV1", "vllm_ascend.distributed.mooncake_connector", False, True)
-
-
-@dataclass(frozen=True)
-class EngineRelease:
-    """What the vLLM-Ascend releases ``first`` .. ``last`` (inclusive) read."""
-
-    first: Version
-    last: Version
-    connectors: tuple[Connector, ...]
-    llmdd_rpc_port_env: str | None
-    moe_all2all_env: str | None = None
-    fused_mc2_env: str | None = None
-    mlapo_env: str | None = None
-    eplb_grouped: bool = False
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-
-#: The one version table, oldest first.
-VERSION_TABLE: tuple[EngineRelease, ...] = (
-    EngineRelease(
-        (0, 9, 1), (0, 10, 0), (LLMDATADIST,), "VLLM_LLMDD_RPC_PORT",
-        moe_all2all_env="VLLM_ASCEND_ENABLE_MOE_ALL2ALL_SEQ",
-        notes=("MC2 dispatch/combine is chosen by the engine for decode; no switch",),
-    ),
-    EngineRelease(
-        (0, 10, 1), (0, 10, 99), (LLMDATADIST,), "VLLM_ASCEND_LLMDD_RPC_PORT",
-        notes=("VLLM_ASCEND_ENABLE_MOE_ALL2ALL_SEQ removed (#2612)",),
-    ),
-    EngineRelease(
-        (0, 11, 0), (0, 11, 99), (LLMDATADIST, MOONCAKE), "VLLM_ASCEND_LLMDD_RPC_PORT",
-        mlapo_env="VLLM_ASCEND_ENABLE_MLAPO",
-    ),
-    EngineRelease(
-        (0, 12, 0), (0, 12, 99), (LLMDATADIST, MOONCAKE), "VLLM_ASCEND_LLMDD_RPC_PORT",
-        fused_mc2_env="VLLM_ASCEND_ENABLE_FUSED_MC2", mlapo_env="VLLM_ASCEND_ENABLE_MLAPO",
-    ),
-    EngineRelease(
-        (0, 13, 0), (99, 99, 99), (MOONCAKE,), None,
-        fused_mc2_env="VLLM_ASCEND_ENABLE_FUSED_MC2", mlapo_env="VLLM_ASCEND_ENABLE_MLAPO", eplb_grouped=True,
-        notes=("LLMDataDist removed in 0.13; EPLB keys grouped under eplb_config",),
-    ),
-)
-
-
-def engine_release(version_text: str) -> EngineRelease:
-    """The row of :data:`VERSION_TABLE` covering a version; ValueError below 0.9.1."""
-    version = parse_version(version_text)
-    for row in VERSION_TABLE:
-        if row.first <= version <= row.last:
-            return row
-    raise ValueError(f"vLLM-Ascend {version_text} is not in the version table")
+def engine_release(plan: Plan) -> EngineRelease:
+    """The rule row of the Plan's release."""
+    return release(plan.vllm_ascend_version)
 
 
 def connector(plan: Plan) -> Connector:
-    """The KV connector of the Plan's dialect; ValueError if its version lacks it."""
-    row = engine_release(plan.vllm_ascend_version)
-    for conn in row.connectors:
-        if conn.dialect == plan.kv_connector:
-            return conn
-    raise ValueError(f"vLLM-Ascend {plan.vllm_ascend_version} has no {plan.kv_connector} connector")
+    """The KV connector of the Plan's dialect in its release."""
+    return engine_release(plan).connector(plan.kv_connector)
 
 
 def _json(value: Any) -> str:
@@ -109,10 +48,57 @@ def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def _set_path(config: dict[str, Any], path: str, value: Any) -> None:
+    """Set ``section.key`` (or ``key``) in a nested ``--additional-config`` dict."""
+    *sections, key = path.split(".")
+    node = config
+    for section in sections:
+        node = node.setdefault(section, {})
+    node[key] = value
+
+
 def graph_mode(plan: Plan, role: str) -> bool:
-    """torchair graph mode of a stage (default: on for decode, off for prefill)."""
+    """Graph mode of a stage (default: on for decode, off for prefill)."""
     explicit = plan.config[role].get("graph_mode")
     return role == "decode" if explicit is None else bool(explicit)
+
+
+def recompute_scheduler(plan: Plan, role: str) -> bool:
+    """Recompute scheduler of a stage: decode only; on by default where the release has it (recipe)."""
+    if role != "decode" or "recompute_scheduler" not in engine_release(plan).config_keys:
+        return False
+    explicit = plan.config[role].get("recompute_scheduler")
+    return True if explicit is None else bool(explicit)
+
+
+def eplb_settings(plan: Plan, role: str) -> dict[str, Any] | None:
+    """The stage's EPLB as data: policy type, intervals; None when the stage has no EPLB."""
+    eplb = plan.config[role].get("eplb")
+    if not eplb:
+        return None
+    heat, algo = EPLB_INTERVALS[role]
+    return {
+        "policy": eplb["policy"],
+        "heat_collection_interval": eplb.get("heat_collection_interval") or heat,
+        "algorithm_execution_interval": eplb.get("algorithm_execution_interval") or algo,
+    }
+
+
+def api_server_count(plan: Plan, inst: InstancePlan) -> int | None:
+    """API server processes of an instance's leader.
+
+    vLLM 0.23 defaults it to data_parallel_size on the leader (vllm/entrypoints/cli/serve.py), 32 or 64
+    processes for a large-EP decode: the kit sizes it from the stage's key, else from
+    ``slo.expected_request_rate`` shared across the role's instances, else 1.
+    """
+    stage = plan.config[inst.role]
+    if stage.get("api_server_count"):
+        return int(stage["api_server_count"])
+    rate = (plan.config.get("slo") or {}).get("expected_request_rate")
+    if not rate:
+        return 1
+    per_instance = rate / max(stage["instances"], 1)
+    return max(1, min(inst.dp, math.ceil(per_instance / REQUESTS_PER_API_SERVER)))
 
 
 def kv_transfer_config(plan: Plan, rank: RankPlan) -> dict[str, Any]:
@@ -137,31 +123,65 @@ def kv_transfer_config(plan: Plan, rank: RankPlan) -> dict[str, Any]:
 
 
 def additional_config(plan: Plan, inst: InstancePlan) -> dict[str, Any]:
-    """``--additional-config``: graph mode on decode, a static expert map, in-engine EPLB keys."""
-    engine = plan.config["engine"]
+    """``--additional-config`` of an instance, every key spelt as its release reads it."""
+    row = engine_release(plan)
+    keys = row.config_keys
+    stage = plan.config[inst.role]
     extra: dict[str, Any] = {}
-    if graph_mode(plan, inst.role):
-        extra["torchair_graph_config"] = {"enabled": True}
-    if engine.get("expert_map_path"):
-        extra["expert_map_path"] = engine["expert_map_path"]
-    if engine.get("dynamic_eplb"):
-        if engine_release(plan.vllm_ascend_version).eplb_grouped:
-            extra["eplb_config"] = {"dynamic_eplb": True, "num_redundant_experts": inst.redundant_experts}
+    if graph_mode(plan, inst.role) and row.graph == "torchair":
+        _set_path(extra, keys["graph"], True)
+        if stage.get("graph_capture_sizes"):
+            _set_path(extra, keys["graph_batch_sizes"], list(stage["graph_capture_sizes"]))
+    if recompute_scheduler(plan, inst.role):
+        _set_path(extra, keys["recompute_scheduler"], True)
+    if stage.get("multistream_overlap_shared_expert"):
+        _set_path(extra, keys["multistream_shared_expert"], True)
+    if "weight_nz" in keys and plan.config["model"]["quantization"] == "w8a8":
+        _set_path(extra, keys["weight_nz"], 1)  # 1: NZ layout for quantised weights (ascend_config.py weight_nz_mode)
+    if "flashcomm1" in keys and inst.role == "prefill" and inst.tp > 1:
+        _set_path(extra, keys["flashcomm1"], True)  # recipe: FlashComm1 on TP prefill nodes
+    eplb = eplb_settings(plan, inst.role)
+    if eplb is not None:
+        _set_path(extra, keys["dynamic_eplb"], True)
+        if "eplb_heat_interval" in keys:
+            _set_path(extra, keys["eplb_heat_interval"], eplb["heat_collection_interval"])
+            _set_path(extra, keys["eplb_algorithm_interval"], eplb["algorithm_execution_interval"])
         else:
-            extra["dynamic_eplb"] = True
-            if inst.redundant_experts:
-                extra["init_redundancy_expert"] = inst.redundant_experts
+            _set_path(extra, keys["eplb_update_interval"], eplb["heat_collection_interval"])
+        if row.eplb_policies:
+            _set_path(extra, keys["eplb_policy"], row.eplb_policies[eplb["policy"]])
+        if "eplb_heat_stage" in keys:
+            _set_path(extra, keys["eplb_heat_stage"], inst.role)
+    if inst.redundant_experts and (eplb is not None or row.redundancy == "init_redundancy_expert"):
+        _set_path(extra, keys["redundant_experts"], inst.redundant_experts)
     return extra
+
+
+def compilation_config(plan: Plan, inst: InstancePlan) -> dict[str, Any] | None:
+    """``--compilation-config`` of an aclgraph release when the stage runs graphs."""
+    if engine_release(plan).graph != "aclgraph" or not graph_mode(plan, inst.role):
+        return None
+    config: dict[str, Any] = {"cudagraph_mode": "FULL_DECODE_ONLY"}
+    sizes = plan.config[inst.role].get("graph_capture_sizes")
+    if sizes:
+        config["cudagraph_capture_sizes"] = sorted(set(sizes))
+    return config
 
 
 def engine_command(plan: Plan, rank: RankPlan) -> list[str]:
     """argv of ``vllm serve`` for one rank: the leader serves the API, the others run ``--headless``."""
+    row = engine_release(plan)
     inst = plan.instance(rank.instance)
     model = plan.config["model"]
     stage = plan.config[inst.role]
-    argv = ["vllm", "serve", model["weights_path"], "--host", "0.0.0.0", "--port", str(inst.api_port)]
-    if not rank.is_leader:
-        argv.append("--headless")
+    argv = ["vllm", "serve", model["weights_path"]]
+    if rank.is_leader:
+        argv += ["--host", "0.0.0.0", "--port", str(inst.api_port)]
+        servers = api_server_count(plan, inst)
+        if servers is not None:
+            argv += ["--api-server-count", str(servers)]
+    else:
+        argv.append("--headless")  # no API server: --api-server-count is refused with --headless (cli/serve.py)
     argv += ["--served-model-name", model["name"]]
     argv += [
         "--data-parallel-size", str(inst.dp),
@@ -187,7 +207,12 @@ def engine_command(plan: Plan, rank: RankPlan) -> list[str]:
     if model["quantization"] == "w8a8":
         argv += ["--quantization", "ascend"]
     if stage.get("mtp"):
-        argv += ["--speculative-config", _json(MTP_CONFIG)]
+        argv += ["--speculative-config", _json({"num_speculative_tokens": MTP_SPEC_TOKENS, "method": row.mtp_method})]
+    if stage.get("micro_batching"):
+        argv.append("--enable-dbo")
+    compilation = compilation_config(plan, inst)
+    if compilation:
+        argv += ["--compilation-config", _json(compilation)]
     argv += ["--kv-transfer-config", _json(kv_transfer_config(plan, rank))]
     extra = additional_config(plan, inst)
     if extra:

@@ -2,26 +2,53 @@
 
 Values come from the Plan: HCCL_IF_IP is the host IP of the rank's node (engine
 pods run with hostNetwork), the socket interface names are the node's NIC from
-the inventory, ASCEND_RT_VISIBLE_DEVICES lists the rank's devices. MoE operator
-switches are emitted only when the engine version reads them (see
-:data:`ascend_runtime.render.engine_args.VERSION_TABLE`):
+the inventory, ASCEND_RT_VISIBLE_DEVICES lists the rank's devices. Engine
+switches are emitted only under the name the targeted release reads
+(:data:`ascend_runtime.engine.releases.RELEASES` ``env_switches``):
 
-- All2All (``VLLM_ASCEND_ENABLE_MOE_ALL2ALL_SEQ=1``) on hardware whose MoE dispatch is all2all (CM384);
-- fused MC2 dispatch/combine (``VLLM_ASCEND_ENABLE_FUSED_MC2=2``) on decode where dispatch is MC2 (A2);
-- MLAPO (``VLLM_ASCEND_ENABLE_MLAPO``) 1 on decode, 0 on prefill (W8A8 weights only).
+- MLAPO (``VLLM_ASCEND_ENABLE_MLAPO``) 1 on decode, 0 on prefill (W8A8 weights only; it costs memory and
+  0.23 enables it by default, vllm_ascend/envs.py);
+- fused MC2 (``VLLM_ASCEND_ENABLE_FUSED_MC2=2``: ``dispatch_gmm_combine_decode``, decode nodes with W8A8
+  only, vllm_ascend/envs.py v0.23.0) on decode where MoE dispatch is MC2 (A2), 0 elsewhere;
+- FlashComm1 (``VLLM_ASCEND_ENABLE_FLASHCOMM1``) on TP prefill where the release reads it as an env var
+  (0.11; 0.23 takes ``enable_flashcomm1`` in --additional-config instead);
+- ``DYNAMIC_EPLB=true`` on a stage with EPLB (asserted by EplbConfig, vllm_ascend/ascend_config.py v0.23.0).
+
+Variables the engine does not read but CANN/HCCL, torch and torch_npu do are
+listed in :data:`RUNTIME_ENV` with their reader; the conformance tests check
+every other name against the release's surface.
 
 ``engine.extra_env`` is applied last and may override anything except the
-variables the cross-checks rely on (:data:`PINNED`).
+variables the cross-checks rely on (:data:`PINNED`). Its plain strings are
+values here; its Secret references (:mod:`ascend_runtime.config.secrets`) are
+not: :func:`rank_env` leaves those variables out (the engine container's env
+carries them as ``valueFrom.secretKeyRef``), :func:`secret_env_references`
+lists them.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from ascend_runtime.config.secrets import env_references, plain_env
+from ascend_runtime.engine.surface import load_surface
 from ascend_runtime.hardware import hardware_spec
 from ascend_runtime.planner.plan import Plan, RankPlan
 from ascend_runtime.render.engine_args import connector, engine_release
 from ascend_runtime.render.paths import ranktable_path
 from ascend_runtime.render.ranktables import PD_TABLE
 
+#: Variables read by CANN (HCCL, the runtime), torch or torch_npu rather than by vLLM / vLLM-Ascend,
+#: with their reader (CANN HCCL environment variable reference; torch_npu docs; the v0.23.0 recipes).
+RUNTIME_ENV = {
+    "HCCL_IF_IP": "HCCL", "HCCL_SOCKET_IFNAME": "HCCL", "HCCL_BUFFSIZE": "HCCL", "HCCL_CONNECT_TIMEOUT": "HCCL",
+    "HCCL_EXEC_TIMEOUT": "HCCL", "HCCL_OP_EXPANSION_MODE": "HCCL", "HCCL_INTRA_ROCE_ENABLE": "HCCL",
+    "HCCL_INTRA_PCIE_ENABLE": "HCCL", "GLOO_SOCKET_IFNAME": "torch.distributed (gloo)",
+    "TP_SOCKET_IFNAME": "torch_npu / HCCL", "OMP_PROC_BIND": "OpenMP", "OMP_NUM_THREADS": "OpenMP",
+    "PYTORCH_NPU_ALLOC_CONF": "torch_npu", "TASK_QUEUE_ENABLE": "torch_npu", "ASCEND_RT_VISIBLE_DEVICES": "CANN runtime",
+}
+
+V1_SWITCH = "VLLM_USE_V1"
 #: Published defaults (facts file section 2, large-EP recipe): HCCL_BUFFSIZE in MB per stage.
 DEFAULT_BUFFSIZE_MB = {"prefill": 256, "decode": 1024}
 OMP_NUM_THREADS = 10  # the published recipes' value
@@ -41,16 +68,19 @@ def hccl_intra(plan: Plan, role: str) -> str:
 
 
 def moe_switches(plan: Plan, role: str) -> dict[str, str]:
-    """MoE operator switches for a stage on the Plan's hardware and engine version."""
-    release = engine_release(plan.vllm_ascend_version)
+    """Operator switches (env vars) for a stage on the Plan's hardware, as its release names them."""
+    switches = engine_release(plan).env_switches
     dispatch = hardware_spec(plan.hardware).moe_dispatch
+    w8a8 = plan.config["model"]["quantization"] == "w8a8"
     env: dict[str, str] = {}
-    if dispatch == "all2all" and release.moe_all2all_env:
-        env[release.moe_all2all_env] = "1"
-    if release.fused_mc2_env:
-        env[release.fused_mc2_env] = "2" if role == "decode" and dispatch == "mc2" else "0"
-    if release.mlapo_env and plan.config["model"]["quantization"] == "w8a8":
-        env[release.mlapo_env] = "1" if role == "decode" else "0"
+    if "fused_mc2" in switches:
+        env[switches["fused_mc2"]] = "2" if role == "decode" and dispatch == "mc2" and w8a8 else "0"
+    if "mlapo" in switches and w8a8:
+        env[switches["mlapo"]] = "1" if role == "decode" else "0"
+    if "flashcomm1" in switches and role == "prefill":
+        env[switches["flashcomm1"]] = "1" if int(plan.config["prefill"]["tp"]) > 1 else "0"
+    if "dynamic_eplb" in switches and plan.config[role].get("eplb"):
+        env[switches["dynamic_eplb"]] = "true"
     return env
 
 
@@ -72,18 +102,30 @@ def rank_env(plan: Plan, rank: RankPlan) -> dict[str, str]:
         "OMP_NUM_THREADS": str(OMP_NUM_THREADS),
         "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
         "TASK_QUEUE_ENABLE": "1",
-        "VLLM_USE_V1": "1",
         "ASCEND_RT_VISIBLE_DEVICES": ",".join(str(d) for d in rank.device_ids),
     }
     if connector(plan).needs_rank_table:
         env["DISAGGREGATED_PREFILL_RANK_TABLE_PATH"] = ranktable_path(PD_TABLE)
-        rpc_env = engine_release(plan.vllm_ascend_version).llmdd_rpc_port_env
+        rpc_env = engine_release(plan).llmdd_rpc_port_env
         if rpc_env:
             env[rpc_env] = str(plan.instance(rank.instance).llmdd_rpc_port)
-    if engine.get("dynamic_eplb"):
-        env["DYNAMIC_EPLB"] = "true"
+    if V1_SWITCH in load_surface(plan.vllm_ascend_version).env_vars:
+        env[V1_SWITCH] = "1"  # the V1 engine switch, in vllm/envs.py up to 0.11; removed with V0 since
     env.update(moe_switches(plan, rank.role))
-    for key, value in (engine.get("extra_env") or {}).items():
+    for key, value in plain_env(engine.get("extra_env")).items():
         if key not in PINNED:
-            env[key] = str(value)
+            env[key] = value
+    for key in secret_env_references(plan):
+        env.pop(key, None)  # the container env sets it from the Secret; a script export would override it
     return dict(sorted(env.items()))
+
+
+def secret_env_references(plan: Plan) -> dict[str, dict[str, Any]]:
+    """``engine.extra_env`` variables backed by a Secret: name -> reference (never a value), sorted."""
+    refs = env_references(plan.config["engine"].get("extra_env"))
+    return {k: refs[k] for k in sorted(refs) if k not in PINNED}
+
+
+def secret_env_names(plan: Plan) -> list[str]:
+    """Names of the Secret-backed engine variables (the launch scripts name them, export nothing)."""
+    return list(secret_env_references(plan))

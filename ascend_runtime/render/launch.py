@@ -1,12 +1,18 @@
 """Text artifacts from the Jinja2 templates in templates/: entrypoint scripts, hccn.conf, deployment sheet.
 
-Every value interpolated into a shell script is quoted with :func:`shlex.quote`
-here, so templates never build shell syntax from data.
+Entrypoints: one script per rank (:func:`launch_script`: bare metal, rank Deployments, the leader of a
+LeaderWorkerSet) and one script for all headless ranks of a LeaderWorkerSet instance
+(:func:`worker_launch_script`), which takes the rank from ``LWS_WORKER_INDEX`` at run time.
+
+Shell templates (``*.sh.j2``, ``*.conf.j2``) are compiled by the strict
+environment of :mod:`ascend_runtime.render.shell`: every ``{{ ... }}`` in them
+ends with ``| sh`` (one shell word, on one line) or the template does not
+compile. The context below therefore carries raw values, never pre-quoted text.
 """
 
 from __future__ import annotations
 
-import shlex
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -15,9 +21,13 @@ import jinja2
 
 from ascend_runtime.config.inventory import Inventory
 from ascend_runtime.hardware import hardware_spec
-from ascend_runtime.planner.plan import Plan, RankPlan
+from ascend_runtime.planner.plan import InstancePlan, Plan, RankPlan
 from ascend_runtime.render.engine_args import connector, engine_command, graph_mode
-from ascend_runtime.render.environment import hccl_buffsize_mb, rank_env
+from ascend_runtime.render.environment import (
+    hccl_buffsize_mb,
+    rank_env,
+    secret_env_names,
+)
 from ascend_runtime.render.paths import (
     LAUNCH_DIR,
     LEADER_WATCH,
@@ -26,26 +36,34 @@ from ascend_runtime.render.paths import (
     ranktable_path,
     templates_dir,
 )
-from ascend_runtime.render.ranktables import PD_TABLE, ranktables_for_rank
+from ascend_runtime.render.ranktables import PD_TABLE, rank_tables, ranktables_for_rank
+from ascend_runtime.render.shell import (
+    is_shell_template,
+    shell_environment,
+    text_environment,
+)
 
 DEFAULT_STARTUP_TIMEOUT_S = 3600
 
 
-@lru_cache(maxsize=4)
-def _environment(directory: str) -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(directory),
-        autoescape=False,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        undefined=jinja2.StrictUndefined,
-    )
+@lru_cache(maxsize=8)
+def _environment(directory: str, shell: bool) -> jinja2.Environment:
+    loader = jinja2.FileSystemLoader(directory)
+    return shell_environment(loader) if shell else text_environment(loader)
 
 
-def render_template(name: str, **context: Any) -> str:
+def render_template_in(directory: str | Path, name: str, /, **context: Any) -> str:
+    """Render template ``name`` of ``directory``.
+
+    Shell templates go through the strict environment: an interpolation without
+    ``| sh`` raises :class:`jinja2.TemplateAssertionError` when the template is compiled.
+    """
+    return _environment(str(directory), is_shell_template(name)).get_template(name).render(**context)
+
+
+def render_template(name: str, /, **context: Any) -> str:
     """Render one template of the templates directory."""
-    return _environment(str(templates_dir())).get_template(name).render(**context)
+    return render_template_in(templates_dir(), name, **context)
 
 
 def _startup_timeout_s(plan: Plan) -> int:
@@ -64,9 +82,9 @@ def launch_script(plan: Plan, rank: RankPlan) -> str:
     required = [ranktable_path(name) for name in ranktables_for_rank(plan, rank)]
     return render_template(
         "entrypoint.sh.j2",
+        worker=False,
         stack=plan.stack,
         rank_name=rank.name,
-        rank_name_q=shlex.quote(rank.name),
         script_name=Path(launch_path(rank.name)).name,
         instance=inst.name,
         role=inst.role,
@@ -81,13 +99,120 @@ def launch_script(plan: Plan, rank: RankPlan) -> str:
         leader=rank.is_leader,
         api_port=inst.api_port,
         leader_host=inst.api_host,
-        leader_host_q=shlex.quote(inst.api_host),
         dp_start=rank.dp_start_rank,
         dp_end=rank.dp_start_rank + rank.dp_local - 1,
         startup_timeout_s=_startup_timeout_s(plan),
-        env=[(key, shlex.quote(value)) for key, value in rank_env(plan, rank).items()],
-        required_files=[shlex.quote(p) for p in required],
-        argv=[shlex.quote(arg) for arg in engine_command(plan, rank)],
+        env=list(rank_env(plan, rank).items()),
+        secret_env=secret_env_names(plan),
+        required_files=required,
+        argv=[[(TEXT, arg)] for arg in engine_command(plan, rank)],
+    )
+
+
+#: Kinds of the pieces a launch script's argv words are made of (``(kind, text)``): literal text, or a
+#: shell variable the worker script sets at run time (``"$worker_index"``, ``"$DP_START_RANK"``).
+TEXT, WORKER_INDEX, DP_START_RANK = "text", "worker_index", "dp_start_rank"
+#: Container variable naming the node a worker pod runs on (the Pulumi program sets it from
+#: ``spec.nodeName``); the worker script looks the node's Plan values up with it.
+WORKER_NODE_ENV = "ASCEND_DEPLOY_NODE"
+
+
+class WorkerTemplateError(ValueError):
+    """The headless ranks of an instance cannot share one worker script (a planner/renderer invariant broke)."""
+
+
+def worker_script_name(inst: InstancePlan) -> str:
+    """File name of an instance's worker script (``<instance>-worker.sh``)."""
+    return f"{inst.name}-worker.sh"
+
+
+def _expand(word: list[tuple[str, str]], index: int, dp_local: int) -> str:
+    """An argv word as the worker script expands it for worker ``index``."""
+    values = {WORKER_INDEX: str(index), DP_START_RANK: str(index * dp_local)}
+    return "".join(values.get(kind, text) for kind, text in word)
+
+
+def worker_argv(plan: Plan, inst: InstancePlan) -> list[list[tuple[str, str]]]:
+    """The headless ranks' ``vllm serve`` argv with the per-rank words taken from the worker index.
+
+    Two words differ between headless ranks: the value of ``--data-parallel-start-rank``
+    (``index x dp_local``) and the ``engine_id`` inside ``--kv-transfer-config`` (the Plan's
+    ``<stack>-<instance>-<index>``). The result is checked against :func:`engine_command` of every
+    headless rank; any other difference raises :class:`WorkerTemplateError`.
+    """
+    workers = inst.ranks[1:]
+    if not workers:
+        raise WorkerTemplateError(f"{inst.name}: a single-rank instance has no worker ranks")
+    first = workers[0]
+    suffix = str(first.index)
+    if not first.engine_id.endswith(suffix):
+        raise WorkerTemplateError(f"{inst.name}: engine_id {first.engine_id!r} does not end in its rank index")
+    engine_id = json.dumps(first.engine_id)  # how _json spells it inside --kv-transfer-config
+    id_prefix = engine_id[: -len(suffix) - 1]  # up to the index: '"<stack>-<instance>-'
+    argv = engine_command(plan, first)
+    words: list[list[tuple[str, str]]] = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] == "--data-parallel-start-rank":
+            words.append([(DP_START_RANK, "")])
+        elif engine_id in arg and arg.count(engine_id) == 1:
+            before, after = arg.split(engine_id)
+            words.append([(TEXT, before + id_prefix), (WORKER_INDEX, ""), (TEXT, '"' + after)])
+        else:
+            words.append([(TEXT, arg)])
+    for rank in workers:
+        got = [_expand(w, rank.index, rank.dp_local) for w in words]
+        if got != engine_command(plan, rank):
+            raise WorkerTemplateError(f"{rank.name}: its argv is not the worker script's for index {rank.index}")
+    return words
+
+
+def worker_env(plan: Plan, inst: InstancePlan) -> tuple[list[tuple[str, str]], list[tuple[str, list[tuple[str, str]]]]]:
+    """(variables equal on every headless rank, [(node, its own variables)]) of an instance.
+
+    What differs between the headless ranks' environments is what the Plan knows per node: HCCL_IF_IP,
+    the socket interfaces (the node's NIC) and ASCEND_RT_VISIBLE_DEVICES.
+    """
+    envs = [rank_env(plan, r) for r in inst.ranks[1:]]
+    keys = set(envs[0])
+    if any(set(e) != keys for e in envs):
+        raise WorkerTemplateError(f"{inst.name}: the headless ranks set different variables")
+    common = sorted(k for k in keys if all(e[k] == envs[0][k] for e in envs))
+    per_node = sorted(keys - set(common))
+    return ([(k, envs[0][k]) for k in common],
+            [(r.node, [(k, e[k]) for k in per_node]) for r, e in zip(inst.ranks[1:], envs)])
+
+
+def worker_launch_script(plan: Plan, inst: InstancePlan) -> str:
+    """The one entrypoint of every headless rank of a multi-node instance under a LeaderWorkerSet (bash).
+
+    The rank comes from ``$LWS_WORKER_INDEX`` at run time (``--data-parallel-start-rank`` = index x
+    dp_local, the engine_id's index), the node's HCCL_IF_IP, NIC and devices from ``$ASCEND_DEPLOY_NODE``
+    looked up in the Plan. Raises :class:`WorkerTemplateError` when the headless ranks differ in
+    anything else (rank tables to read, variables), which the Pulumi program then deploys per rank.
+    """
+    workers = inst.ranks[1:]
+    tables = {tuple(ranktables_for_rank(plan, r)) for r in workers}
+    if len(tables) != 1 or len({r.dp_local for r in workers}) != 1:
+        raise WorkerTemplateError(f"{inst.name}: the headless ranks read different files or drive different NPU counts")
+    common, per_node = worker_env(plan, inst)
+    return render_template(
+        "entrypoint.sh.j2",
+        worker=True,
+        stack=plan.stack,
+        script_name=worker_script_name(inst),
+        instance=inst.name,
+        role=inst.role,
+        dp=inst.dp,
+        tp=inst.tp,
+        ep=inst.ep,
+        rank_count=len(inst.ranks),
+        last_index=len(inst.ranks) - 1,
+        dp_local=workers[0].dp_local,
+        env=common,
+        node_env=per_node,
+        secret_env=secret_env_names(plan),
+        required_files=[ranktable_path(name) for name in next(iter(tables))],
+        argv=worker_argv(plan, inst),
     )
 
 
@@ -128,6 +253,27 @@ def hccn_conf(plan: Plan, node_name: str, inventory: Inventory | None = None) ->
     )
 
 
+def file_readers(plan: Plan) -> list[dict[str, str]]:
+    """Every rendered file kind and the process that reads it (DEPLOYMENT.md's file table)."""
+    engine_reads = set(ranktables_for_rank(plan, plan.ranks[0])) if plan.ranks else set()
+    rows = [
+        {"path": "plan.json", "reader": "people and review tools (the validated Plan); `ascend-deploy check smoke --endpoint URL --stack NAME --rendered DIR` cross-checks the files against the stack"},
+        {"path": "launch/<rank>.sh", "reader": "the engine container's entrypoint (bash), one per rank"},
+        {"path": "hccn/<node>.conf", "reader": "the NPU driver's hccn_tool on the host (/etc/hccn.conf; the npu-network playbook applies it)"},
+        {"path": "manifests/", "reader": "kubectl / GitOps (exactly what `pulumi up` registers)"},
+    ]
+    for name in rank_tables(plan):
+        if name in engine_reads:
+            reader = f"the {connector(plan).kv_connector} connector of every engine rank (DISAGGREGATED_PREFILL_RANK_TABLE_PATH)"
+        elif name == PD_TABLE:
+            reader = "nothing in this release (kept for reference)"
+        else:
+            reader = (f"MindCluster / MindIE tooling (HCCL rank table); vLLM-Ascend {plan.vllm_ascend_version} "
+                      "reads none, so engine pods do not mount it")
+        rows.append({"path": f"ranktables/{name}.json", "reader": reader})
+    return rows
+
+
 def deployment_sheet(plan: Plan) -> str:
     """The one-page markdown sheet for operators."""
     instances = []
@@ -144,7 +290,7 @@ def deployment_sheet(plan: Plan) -> str:
                 "nodes": ", ".join(inst.nodes),
                 "api": f"{inst.api_host}:{inst.api_port}",
                 "dp_rpc_port": inst.dp_rpc_port,
-                "kv_ports": f"{first.kv_port}-{first.kv_port + first.kv_port_count - 1}",
+                "kv_ports": f"{first.kv_port}-{first.kv_port + inst.npus - 1}",
                 "buffsize": hccl_buffsize_mb(plan, inst.role),
                 "graph": "on" if graph_mode(plan, inst.role) else "off (eager)",
                 "memory": f"{inst.memory.total_gib} / {inst.memory.budget_gib}",
@@ -164,6 +310,7 @@ def deployment_sheet(plan: Plan) -> str:
     ]
     return render_template(
         "DEPLOYMENT.md.j2",
+        files=file_readers(plan),
         plan=plan,
         hardware=hardware_spec(plan.hardware),
         connector=connector(plan),

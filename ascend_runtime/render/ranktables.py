@@ -14,6 +14,17 @@ Tables, by name (file ``<name>.json`` under :data:`~ascend_runtime.render.paths.
   group 0 the proxy, 1 prefill, 2 decode. ``rank_id`` is dense over the whole table
   (prefill devices first), so it is unique per table as well as per group.
 
+Which device address each table's ``device_ip`` holds (facts section 3):
+
+- ``hccl-<instance>`` (v1.0 and v1.2) and ``global``: the RoCE port IP
+  (``PlannedDevice.device_ip``, ``hccn_tool -i N -ip -g``) on A2 and A3, the address
+  HCCL connects to and ``/etc/hccn.conf`` ``address_N`` sets.
+- ``pd-llmdatadist``: on A3 the VNIC IP (``PlannedDevice.vnic_ip``, ``hccn_tool -i N
+  -vnic -g``), on A2 the RoCE port IP, as vllm-ascend v0.11.0
+  ``examples/disaggregated_prefill_v1/gen_ranktable.py`` does (lines 82-95: ``-vnic -g``
+  when ``soc_info == AscendSocVersion.A3``, else ``-ip -g``). An A3 device without a
+  ``vnic_ip`` is an error, never a silent fallback to the RoCE address.
+
 All values are strings, as HCCL reads them. Every function is pure.
 """
 
@@ -48,7 +59,7 @@ def _super_pods(plan: Plan) -> bool:
 
 
 def _hccl_device(dev: PlannedDevice, super_pods: bool) -> dict[str, str]:
-    entry = {"device_id": str(dev.device_id), "device_ip": dev.device_ip}
+    entry = {"device_id": str(dev.device_id), "device_ip": dev.device_ip}  # RoCE port IP, also on A3
     if super_pods:
         entry["super_device_id"] = str(dev.super_device_id)
     entry["rank_id"] = str(dev.global_rank)
@@ -93,8 +104,20 @@ def _super_pod_list(ranks: Iterable[RankPlan]) -> list[dict[str, Any]]:
     ]
 
 
+def pd_device_ip(plan: Plan, dev: PlannedDevice) -> str:
+    """The address the PD table lists for a device: the VNIC IP on A3, the RoCE port IP on A2 (gen_ranktable.py)."""
+    if not _super_pods(plan):
+        return dev.device_ip
+    if dev.vnic_ip is None:
+        raise ValueError(
+            f"device {dev.device_id} (global rank {dev.global_rank}) has no vnic_ip: the LLMDataDist PD table on "
+            f"{plan.hardware} lists the VNIC IP (hccn_tool -vnic -g), not the RoCE device_ip; run the facts playbook"
+        )
+    return dev.vnic_ip
+
+
 def pd_table(plan: Plan) -> dict[str, Any]:
-    """The LLMDataDist PD rank table (``gen_ranktable.py`` format)."""
+    """The LLMDataDist PD rank table (``gen_ranktable.py`` format; ``device_ip`` per :func:`pd_device_ip`)."""
     super_pods = _super_pods(plan)
     cluster_id = 0
     lists: dict[str, list[dict[str, str]]] = {"prefill": [], "decode": []}
@@ -103,7 +126,8 @@ def pd_table(plan: Plan) -> dict[str, Any]:
             for rank in inst.ranks:
                 for dev in rank.devices:
                     cluster_id += 1
-                    entry = {"server_id": rank.host_ip, "device_id": str(dev.device_id), "device_ip": dev.device_ip}
+                    entry = {"server_id": rank.host_ip, "device_id": str(dev.device_id),
+                             "device_ip": pd_device_ip(plan, dev)}
                     if super_pods:
                         entry["super_pod_id"] = str(dev.super_pod_id)
                         entry["super_device_id"] = str(dev.super_device_id)
@@ -138,7 +162,7 @@ def global_table(plan: Plan) -> dict[str, Any]:
                     rank.node, {"server_id": rank.host_ip, "server_ip": rank.host_ip, "device": []}
                 )
                 for dev in rank.devices:
-                    entry = {"device_id": str(dev.device_id), "device_ip": dev.device_ip}
+                    entry = {"device_id": str(dev.device_id), "device_ip": dev.device_ip}  # RoCE port IP
                     if super_pods:
                         entry["super_device_id"] = str(dev.super_device_id)
                     entry["rank_id"] = str(next_rank)
@@ -158,11 +182,13 @@ def rank_tables(plan: Plan) -> dict[str, dict[str, Any]]:
 
 
 def ranktables_for_rank(plan: Plan, rank: RankPlan) -> list[str]:
-    """Names of the tables a rank's pod mounts: its instance's HCCL table, plus the PD table for LLMDataDist."""
-    names = [instance_table_name(rank.instance)]
-    if plan.kv_connector == "llmdatadist":
-        names.append(PD_TABLE)
-    return names
+    """Names of the tables a rank's engine reads, so its pod mounts them: only LLMDataDist reads one.
+
+    vLLM-Ascend reads no HCCL rank table: the LLMDataDist connector (0.11) reads the PD table named by
+    DISAGGREGATED_PREFILL_RANK_TABLE_PATH (vllm_ascend/distributed/llmdatadist_c_mgr_connector.py, v0.11.0);
+    Mooncake reads none. The instance tables (hccl.json) are rendered for MindCluster / MindIE, which read them.
+    """
+    return [PD_TABLE] if plan.kv_connector == "llmdatadist" else []
 
 
 def schema_name(plan: Plan, table: str) -> str:

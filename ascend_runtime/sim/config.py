@@ -1,7 +1,7 @@
 """Simulator configuration and the hardware profiles it models.
 
 ``SimConfig`` carries exactly the ``ascend-deploy sim`` options (one field per
-flag). Shape fields left ``None`` take the role's published default for the
+flag; ``admin_token`` is the value of the variable ``--admin-token-env`` names). Shape fields left ``None`` take the role's published default for the
 hardware (``resolved()`` fills them). A later step builds a SimConfig from a
 stack's Plan (``--stack NAME``): that code only needs to produce this object.
 """
@@ -128,6 +128,11 @@ class SimConfig(BaseModel):
     block_size: int = Field(128, ge=1, description="KV block size in tokens (vLLM-Ascend default 128).")
     exit_on_fault: bool = Field(
         True, description="POST /admin/faults exit=true ends the process (False: only stops the server; in-process use)."
+    )
+    admin_token: str | None = Field(
+        None, repr=False, exclude=True,
+        description="Bearer token of the /admin API; None refuses every admin call (403). Never a flag value: "
+                    "the CLI reads it from the variable --admin-token-env names.",
     )
 
     @model_validator(mode="after")

@@ -14,10 +14,20 @@ One asyncio task runs steps. Each step:
    deadlines, so Python overhead does not add up), then applies progress: a
    sequence whose prefill completes samples its first token; each decoding
    sequence gets one token (plus the MTP draft token with probability
-   ``mtp_acceptance``); a sequence reaching ``max_tokens`` finishes.
+   ``mtp_acceptance``); a sequence reaching ``max_tokens`` finishes, with the
+   finish reason its request planned (``length``, or ``stop`` for a stop
+   string, stop token or EOS: the API layer knows up front where the
+   deterministic text stops and submits that many tokens).
 
 All of it is vectorised over per-slot numpy arrays (see ``Engine``); idle time
-is not caught up by later steps.
+is not caught up by later steps. Metrics are per DP rank (vLLM's ``engine``
+label) and follow what vLLM 0.23.0 records (vllm/v1/metrics/stats.py): prompt
+tokens when a request's first token comes out (the whole prompt, also on a
+decode instance whose KV was transferred: ``PrefillStats`` counts it, by source
+``external_kv_transfer``); TTFT from the request's arrival at the instance
+(before a KV pull); queue time from arrival to the first scheduling; one
+inter-token latency per sequence and step, however many tokens (MTP) the step
+gave it; request-level histograms when a request finishes.
 """
 
 from __future__ import annotations
@@ -46,33 +56,52 @@ class EngineFull(Exception):
     """A request that can never fit (longer than the KV cache of a DP rank)."""
 
 
+class RequestGroup:
+    """The ``n`` choices of one prompt (vLLM's ``ParentRequest``, vllm/v1/engine/parallel_sampling.py): when the
+    last one finishes, ``vllm:request_params_n`` and ``vllm:request_max_num_generation_tokens`` are observed."""
+
+    __slots__ = ("n", "left", "max_generated")
+
+    def __init__(self, n: int) -> None:
+        self.n, self.left, self.max_generated = n, n, 0
+
+
 class Sequence:
     """One request inside the engine. Times are loop (wall) seconds.
 
     While a sequence runs, its counters live in the engine's per-slot numpy
     arrays (``computed``, ``generated``, ``first_token_at``, ``last_token_at``
     read through); they are copied back when it finishes or is aborted.
-    ``event`` is set when the sequence finishes, and, for a sequence submitted
-    with ``stream=True``, after every step that gave it tokens.
+    ``event`` (which the sequences of one request may share) is set when the
+    sequence finishes, and, for a sequence submitted with ``stream=True``, after
+    every step that gave it tokens. ``end_reason`` is the finish reason it gets
+    on reaching ``max_tokens``.
     """
 
     __slots__ = ("req_id", "prompt_tokens", "max_tokens", "_computed", "_generated", "dp_rank", "arrival",
                  "_first_token_at", "_last_token_at", "finished", "finish_reason", "aborted", "event", "stream",
-                 "_engine", "_slot")
+                 "_engine", "_slot", "end_reason", "group", "max_tokens_param", "cached")
 
     def __init__(self, req_id: str, prompt_tokens: int, max_tokens: int, computed: int = 0, arrival: float = 0.0,
-                 last_token_at: float = 0.0, stream: bool = False) -> None:
+                 last_token_at: float = 0.0, stream: bool = False, end_reason: str = "length",
+                 event: asyncio.Event | None = None, group: RequestGroup | None = None,
+                 max_tokens_param: int | None = None) -> None:
         self.req_id, self.prompt_tokens, self.max_tokens = req_id, prompt_tokens, max_tokens
         self._computed, self._generated = computed, 0
+        #: Prompt tokens whose KV arrived from elsewhere (a KV transfer); not computed here.
+        self.cached = computed
         self.dp_rank = -1
         self.arrival = arrival
         self._first_token_at: float | None = None
         self._last_token_at = last_token_at
         self.finished = False
         self.finish_reason: str | None = None
+        self.end_reason = end_reason
         self.aborted = False
-        self.event = asyncio.Event()
+        self.event = event if event is not None else asyncio.Event()
         self.stream = stream
+        self.group = group
+        self.max_tokens_param = max_tokens if max_tokens_param is None else max_tokens_param
         self._engine: Engine | None = None
         self._slot = -1
 
@@ -139,6 +168,9 @@ class Engine:
         self.expert_map = expert_map or ExpertMap.default(self.layers, self.experts, self.ranks, cfg.slots_per_rank)
         self.kv_capacity = kv_capacity_tokens(cfg)  # per DP rank
         self.dp = int(cfg.dp)  # type: ignore[arg-type]
+        metrics.configure(self.dp, shape.max_model_len, spec_decode=cfg.mtp)
+        #: Requests waiting for their KV transfer before they are submitted (vLLM's WAITING_FOR_REMOTE_KVS).
+        self.deferred = 0
         self.max_num_seqs = int(cfg.max_num_seqs)  # type: ignore[arg-type]
         self.waiting: collections.deque[Sequence] = collections.deque()
         self._retained = retained_tokens
@@ -163,6 +195,9 @@ class Engine:
         self._first_at = np.zeros(C)
         self._has_first = np.zeros(C, dtype=bool)
         self._stream = np.zeros(C, dtype=bool)
+        self._sched = np.zeros(C)  # first scheduled (admitted)
+        self._cached = np.zeros(C, dtype=np.int64)  # prompt tokens whose KV was transferred
+        self._maxparam = np.zeros(C, dtype=np.int64)
         self._free = list(range(C - 1, -1, -1))
         self._admitted = 0
         self._aborts: list[Sequence] = []
@@ -199,24 +234,35 @@ class Engine:
 
     # ---- requests --------------------------------------------------------------
     def submit(self, prompt_tokens: int, max_tokens: int, prefilled: bool = False, stream: bool = False,
-               req_id: str | None = None) -> Sequence:
+               req_id: str | None = None, *, arrival: float | None = None, end_reason: str = "length",
+               event: asyncio.Event | None = None, group: RequestGroup | None = None,
+               max_tokens_param: int | None = None) -> Sequence:
         """Queue a request; ``prefilled`` means its KV arrived from a prefill instance.
 
         ``stream``: set ``seq.event`` after every step that gives the sequence tokens (not only at the end).
-        ``req_id``: the engine-side request id (``api.engine_request_id``; default ``seq-N``). Like vLLM's
-        engine-side ids it is made unique by the caller, so it is not checked here.
+        ``req_id``: the engine-side request id (``api.engine_request_ids``; default ``seq-N``). Like vLLM's
+        engine-side ids it is made unique by the caller, so it is not checked here. ``arrival``: when the
+        request reached the instance (loop time; default now), the start of its TTFT and queue time.
+        ``end_reason``: the finish reason at ``max_tokens``; ``event``: an event to share with the request's
+        other sequences; ``group``: its choices' group; ``max_tokens_param``: its ``max_tokens`` parameter.
         """
+        self.check_fits(prompt_tokens, max_tokens)
+        now = asyncio.get_running_loop().time()
+        seq = Sequence(req_id or f"seq-{next(self._ids)}", prompt_tokens, max_tokens,
+                       computed=prompt_tokens if prefilled else 0, arrival=now if arrival is None else arrival,
+                       last_token_at=now, stream=stream, end_reason=end_reason, event=event, group=group,
+                       max_tokens_param=max_tokens_param)
+        self.waiting.append(seq)
+        self._wake.set()
+        return seq
+
+    def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
+        """Raise :class:`EngineFull` for a sequence that can never fit a DP rank's KV cache."""
         if prompt_tokens + max_tokens > self.kv_capacity:
             raise EngineFull(
                 f"prompt + max_tokens = {prompt_tokens + max_tokens} tokens exceed the KV cache of a DP rank "
                 f"({self.kv_capacity} tokens)"
             )
-        now = asyncio.get_running_loop().time()
-        seq = Sequence(req_id or f"seq-{next(self._ids)}", prompt_tokens, max_tokens,
-                       computed=prompt_tokens if prefilled else 0, arrival=now, last_token_at=now, stream=stream)
-        self.waiting.append(seq)
-        self._wake.set()
-        return seq
 
     def abort(self, seq: Sequence) -> None:
         """Drop a sequence (client went away); its slot frees at the next step."""
@@ -235,6 +281,22 @@ class Engine:
         """KV cache use (reserved + retained for remote decode) / capacity, 0..1."""
         used = sum(self._kv) + self._retained()
         return min(1.0, used / (self.kv_capacity * self.dp))
+
+    def kv_usage_by_rank(self) -> np.ndarray:
+        """KV cache use per DP rank, 0..1 (KV retained for remote decodes spread evenly over the ranks)."""
+        used = np.asarray(self._kv, dtype=np.float64) + self._retained() / self.dp
+        return np.minimum(1.0, used / self.kv_capacity)
+
+    def running_by_rank(self) -> np.ndarray:
+        """Running sequences per DP rank."""
+        return np.asarray(self._nrun, dtype=np.float64)
+
+    def spread(self, count: int) -> np.ndarray:
+        """``count`` spread over the DP ranks (the simulator has one FCFS queue for all of them)."""
+        base, extra = divmod(int(count), self.dp)
+        out = np.full(self.dp, float(base))
+        out[:extra] += 1.0
+        return out
     # ---- expert map ------------------------------------------------------------
     def apply_map(self, m: ExpertMap) -> float:
         """Switch to ``m``; returns its expected balancedness under the current routing."""
@@ -271,6 +333,7 @@ class Engine:
         nrun, kv = self._nrun, self._kv
         heap = [(nrun[r], kv[r], r) for r in range(self.dp) if nrun[r] < mns]
         heapq.heapify(heap)
+        now = asyncio.get_running_loop().time()
         while self.waiting and heap:
             seq = self.waiting[0]
             if seq.aborted:
@@ -294,9 +357,9 @@ class Engine:
             kv[pick] += reserve
             if nrun[pick] < mns:
                 heapq.heappush(heap, (nrun[pick], kv[pick], pick))
-            self._place(seq, pick)
+            self._place(seq, pick, now)
 
-    def _place(self, seq: Sequence, rank: int) -> None:
+    def _place(self, seq: Sequence, rank: int, now: float) -> None:
         i = self._free.pop()
         seq.dp_rank, seq._engine, seq._slot = rank, self, i
         self._seqs[i] = seq
@@ -313,6 +376,15 @@ class Engine:
         self._has_first[i] = seq._first_token_at is not None
         self._first_at[i] = seq._first_token_at or 0.0
         self._stream[i] = seq.stream
+        self._sched[i] = now
+        self._cached[i] = seq.cached
+        self._maxparam[i] = seq.max_tokens_param
+        # the scheduler's cache lookups when it first schedules a request (vllm/v1/core/sched/scheduler.py):
+        # the local prefix cache (no hit: the simulator does not model prefix reuse), then the KV connector
+        m = self.metrics
+        m.prefix_queries[rank] += seq.prompt_tokens
+        m.external_queries[rank] += seq.prompt_tokens
+        m.external_hits[rank] += seq.cached
 
     def _release(self, seq: Sequence) -> None:
         """Copy a slot's counters back to its sequence and free the slot and its KV reservation."""
@@ -421,6 +493,7 @@ class Engine:
         m.step.observe(step_s)
         self.modelled_time += step_s
         self.busy_steps += 1
+        dp = self.dp
         step_wall = now - self._last_step_end if self._last_step_end > 0 else None
         dec, pre, chunks = plan.decode, plan.prefill, plan.chunks
         if self._aborts:  # aborted while the step ran: drop them from it
@@ -432,59 +505,88 @@ class Engine:
         # prefill progress; a sequence whose prompt completes samples its first token
         if pre.size:
             self._computed[pre] += chunks
-            n = int(chunks.sum())
-            self.tokens_prefilled += n
-            m.prompt_tokens += n
+            self.tokens_prefilled += int(chunks.sum())
             pre = pre[self._computed[pre] >= self._prompt[pre]]
         emit = np.ones(dec.size, dtype=np.int64)
         if self.cfg.mtp and dec.size:
-            emit += self._rng.random(dec.size) < self.cfg.mtp_acceptance
+            accepted = self._rng.random(dec.size) < self.cfg.mtp_acceptance
+            emit += accepted
+            # one draft token per decoding sequence (vllm/v1/spec_decode/metrics.py SpecDecodingStats)
+            r = self._rank[dec]
+            drafts = np.bincount(r, minlength=dp)
+            m.spec_drafts += drafts
+            m.spec_draft_tokens += drafts
+            m.spec_accepted += np.bincount(r, weights=accepted, minlength=dp)
         em = np.concatenate([pre, dec]) if pre.size else dec
         if em.size == 0:
             self._last_step_end = now
             return
         if pre.size:
             emit = np.concatenate([np.ones(pre.size, dtype=np.int64), emit])
+        ranks = self._rank[em]
         gen = self._gen[em]
         emit = np.minimum(emit, self._max[em] - gen)
-        # latencies: TTFT for first tokens, one step-wall ITL for sequences that also got a token last step,
-        # the gap for the others, 0 for the extra (accepted MTP draft) tokens
+        # latencies: TTFT for first tokens (from arrival), then one inter-token latency per sequence: a step's
+        # wall time for sequences that also got a token last step, the gap for the others
         first = ~self._has_first[em]
+        computed_prompt = None
         if first.any():
-            f = em[first]
-            m.ttft.observe_many(now - self._arrival[f])
+            f, fr = em[first], ranks[first]
+            m.ttft.observe_many(now - self._arrival[f], fr)
             self._has_first[f] = True
             self._first_at[f] = now
-            rest = em[~first]
+            # prompt tokens are counted when the first token comes out (IterationStats.update_from_output)
+            prompt, cached = self._prompt[f], self._cached[f]
+            m.prompt_tokens += np.bincount(fr, weights=prompt, minlength=dp)
+            computed_prompt = np.bincount(fr, weights=prompt - cached, minlength=dp)
+            m.prompt_by_source["local_compute"] += computed_prompt
+            external = np.bincount(fr, weights=cached, minlength=dp)
+            m.prompt_by_source["external_kv_transfer"] += external
+            m.prompt_cached += external
+            rest, rest_ranks = em[~first], ranks[~first]
         else:
-            rest = em
+            rest, rest_ranks = em, ranks
         if rest.size:
             last = self._last[rest]
             chained = last == self._last_step_end if step_wall is not None else np.zeros(rest.size, dtype=bool)
-            n_chained = int(chained.sum())
-            if n_chained:
-                m.itl.observe(step_wall, n_chained)  # type: ignore[arg-type]
-            if n_chained < rest.size:
-                m.itl.observe_many(now - last[~chained])
-        extra = int((emit - 1).clip(min=0).sum())
-        if extra:
-            m.itl.observe(0.0, extra)
+            if chained.any():
+                m.itl.observe_many(np.full(int(chained.sum()), step_wall), rest_ranks[chained])
+            if not chained.all():
+                m.itl.observe_many(now - last[~chained], rest_ranks[~chained])
         gen = gen + emit
         self._gen[em] = gen
         self._last[em] = now
+        per_rank = np.bincount(ranks, weights=emit, minlength=dp)
+        m.generation_tokens += per_rank
         new_tokens = int(emit.sum())
-        m.generation_tokens += new_tokens
         self.tokens_generated += new_tokens
+        # vllm:iteration_tokens_total: prompt tokens computed by the requests that got their first token, plus
+        # the generated tokens, per engine that had outputs
+        if computed_prompt is not None:
+            per_rank = per_rank + computed_prompt
+        busy = np.flatnonzero(per_rank > 0)
+        m.iteration_tokens.observe_many(per_rank[busy], busy)
         self._last_step_end = now
         done = gen >= self._max[em]
         if done.any():
-            fin = em[done]
-            m.e2e.observe_many(now - self._arrival[fin])
-            m.success["length"] = m.success.get("length", 0) + int(fin.size)
+            fin, fr, g = em[done], ranks[done], gen[done]
+            self._finish_stats(fin, fr, g, now)
             seqs = self._seqs
-            for i in fin.tolist():
+            success = m.success
+            for i, r, n_gen in zip(fin.tolist(), fr.tolist(), g.tolist()):
                 seq = seqs[i]
-                seq.finished, seq.finish_reason = True, "length"  # type: ignore[union-attr]
+                seq.finished, seq.finish_reason = True, seq.end_reason  # type: ignore[union-attr]
+                success[seq.end_reason][r] += 1  # type: ignore[union-attr]
+                grp = seq.group  # type: ignore[union-attr]
+                if grp is not None:
+                    grp.left -= 1
+                    grp.max_generated = max(grp.max_generated, n_gen)
+                    if grp.left == 0:  # parallel_sampling.py observe_finished_request
+                        m.max_generation.observe(grp.max_generated, 1, r)
+                        m.params_n.observe(grp.n, 1, r)
+                else:
+                    m.max_generation.observe(n_gen, 1, r)
+                    m.params_n.observe(1, 1, r)
                 self._release(seq)  # type: ignore[arg-type]
                 seq.event.set()  # type: ignore[union-attr]
             em = em[~done]
@@ -494,3 +596,22 @@ class Engine:
                 seqs = self._seqs
                 for i in watched.tolist():
                     seqs[i].event.set()  # type: ignore[union-attr]
+
+    def _finish_stats(self, fin: np.ndarray, ranks: np.ndarray, generated: np.ndarray, now: float) -> None:
+        """Request-level histograms of finished slots (stats.py ``update_from_finished_request``)."""
+        m = self.metrics
+        arrival, sched, first = self._arrival[fin], self._sched[fin], self._first_at[fin]
+        decode = now - first
+        m.e2e.observe_many(now - arrival, ranks)
+        m.queue.observe_many(sched - arrival, ranks)
+        m.prefill_time.observe_many(first - sched, ranks)
+        m.inference.observe_many(now - sched, ranks)
+        m.decode_time.observe_many(decode, ranks)
+        m.tpot.observe_many(np.where(generated > 1, decode / np.maximum(generated - 1, 1), 0.0), ranks)
+        prompt = self._prompt[fin]
+        m.request_prompt.observe_many(prompt, ranks)
+        m.request_generation.observe_many(generated, ranks)
+        m.prefill_kv_computed.observe_many(prompt - self._cached[fin], ranks)
+        maxp = self._maxparam[fin]
+        has = maxp > 0
+        m.params_max_tokens.observe_many(maxp[has], ranks[has])

@@ -1,4 +1,4 @@
-"""Runtime fault injection, switched through POST /admin/faults.
+"""Runtime fault injection, switched through POST /admin/faults (bearer token, like every /admin route).
 
 Fields: ``error_rate`` (0..1, fraction of completion requests answered 500),
 ``added_latency_ms`` (wall-clock ms added before a completion request is

@@ -4,7 +4,12 @@
 engine on the running loop and returns a :class:`SimHandle` (``.url``,
 ``.port``, ``.kv_port``, ``.engine_id``, ``await .stop()``);
 ``run_simulator(config)`` does the same in a fresh loop until SIGINT/SIGTERM.
-Routes are listed in docs/simulator.md. Every response carries ``x-instance``.
+Routes are listed in docs/simulator.md. Every response carries ``x-instance``;
+errors use vLLM 0.23.0's ``{"error": {...}}`` shape, and a path with no route
+answers 404 ``{"detail": "Not Found"}`` (405 ``{"detail": "Method Not
+Allowed"}``), as vLLM's FastAPI app does.
+Every ``/admin/`` path needs ``Authorization: Bearer <SimConfig.admin_token>``
+(401 without it); a simulator started without a token refuses them all (403).
 The ids of recent completion requests are kept in ``SimState.request_ids``
 (:class:`RequestIds`, in-process only) for tests and debugging.
 """
@@ -13,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -26,9 +33,9 @@ from typing import Any
 from aiohttp import web
 
 from ascend_runtime import eventloop
-from ascend_runtime.sim import api
+from ascend_runtime.sim import api, output
 from ascend_runtime.sim.config import SimConfig
-from ascend_runtime.sim.engine import Engine, EngineFull, Sequence
+from ascend_runtime.sim.engine import Engine, EngineFull, RequestGroup, Sequence
 from ascend_runtime.sim.experts import ExpertMap, ExpertMapError, balancedness
 from ascend_runtime.sim.faults import Faults
 from ascend_runtime.sim.kv import KVPullError, KVStore, pull
@@ -46,16 +53,18 @@ class RequestIds:
     """The ids of one completion request as this instance saw them (recorded on arrival).
 
     ``header``: its X-Request-Id (None if absent); ``response_id``: the answer's ``id``;
-    ``internal_id``: the engine-side id (unique, vLLM-style random suffix; also the
-    ``remote_request_id`` a prefill announces); ``remote_request_id``: on a decode, the
-    prefill's id from ``kv_transfer_params``. Fields stay None when the request was
-    refused before they were known.
+    ``internal_id``: the engine-side id of its first sequence (unique, vLLM-style random
+    suffix; also the ``remote_request_id`` a prefill announces); ``internal_ids``: those of
+    all its sequences (prompts x n); ``remote_request_id``: on a decode, the prefill's id
+    from ``kv_transfer_params``. Fields stay None when the request was refused before they
+    were known.
     """
 
     header: str | None
     response_id: str | None = None
     internal_id: str | None = None
     remote_request_id: str | None = None
+    internal_ids: tuple[str, ...] = ()
 
 
 @dataclass
@@ -69,6 +78,8 @@ class SimState:
     metrics: SimMetrics
     ready_at: float
     kv_port: int = 0
+    #: The answers' ``system_fingerprint`` (vLLM's default "full" mode).
+    fingerprint: str | None = None
     stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
     request_ids: collections.deque[RequestIds] = field(
         default_factory=lambda: collections.deque(maxlen=REQUEST_IDS_KEPT))
@@ -82,12 +93,30 @@ def load_expert_map_file(path: str, cfg: SimConfig) -> ExpertMap:
                                     cfg.slots_per_rank)
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status)
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=output.dumps(data), status=status, content_type="application/json", headers=headers)
 
 
 def _error(message: str, status: int, err_type: str = "BadRequestError") -> web.Response:
     return _json(api.error_body(message, status, err_type), status)
+
+
+def _api_error(exc: api.ApiError) -> web.Response:
+    return _json(exc.body(), exc.status)
+
+
+def system_fingerprint(cfg: SimConfig) -> str:
+    """``vllm-<version>[-tpN][-dpN][-ep]-<hash8>`` (vllm/entrypoints/serve/utils/fingerprint.py, mode "full")."""
+    parts = ["vllm-0.23.0"]
+    if (cfg.tp or 1) > 1:
+        parts.append(f"tp{cfg.tp}")
+    if (cfg.dp or 1) > 1:
+        parts.append(f"dp{cfg.dp}")
+    if (cfg.ep or 1) > 1:
+        parts.append("ep")
+    key = f"{cfg.model}|{cfg.role}|{cfg.hardware}|{cfg.npus}|{cfg.dp}|{cfg.tp}|{cfg.ep}|{cfg.mtp}|{cfg.block_size}"
+    parts.append(hashlib.sha256(key.encode()).hexdigest()[:8])
+    return "-".join(parts)
 
 
 class Handlers:
@@ -116,61 +145,83 @@ class Handlers:
         if st.faults.should_fail():
             st.metrics.failures += 1
             return _error("injected fault", 500, "InternalServerError")
+        shape = st.cfg.model_shape()
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error("request body is not JSON", 400)
-        try:
-            req = api.parse(body, chat, st.cfg.model, st.cfg.model_shape().max_model_len, ids.header)
-        except api.BadRequest as exc:
-            return _error(str(exc), 400)
+            body = api.decode_body(await request.read(), request.headers.get("Content-Type", ""))
+            req = api.parse(body, chat, st.cfg.model, shape.max_model_len, shape.vocab_size, ids.header,
+                            spec_decode=st.cfg.mtp)
+        except api.ApiError as exc:
+            return _api_error(exc)
+        loop = asyncio.get_running_loop()
+        arrival = loop.time()
         # vLLM 0.23.0 accepts a request id that is already live: the engine-side id gets a random suffix
         # (vllm/v1/engine/input_processor.py assign_request_id), so there is no duplicate check here.
-        ids.response_id, ids.internal_id = req.response_id, api.engine_request_id(req)
+        seq_ids = api.engine_request_ids(req)
+        ids.response_id, ids.internal_id, ids.internal_ids = req.response_id, seq_ids[0], tuple(seq_ids)
+        if req.engine_error is not None:  # raised when vLLM's generate() is first iterated
+            if req.stream:
+                return await self._stream_error(request, req.engine_error)
+            return _api_error(req.engine_error)
+        try:
+            for plan in req.choices:
+                st.engine.check_fits(req.prompts[plan.prompt].tokens, plan.tokens)
+        except EngineFull as exc:
+            return _error(str(exc), 400)
         kvp = req.kv_transfer_params or {}
         headers: dict[str, str] = {}
         prefilled = False
         if kvp.get("do_remote_prefill"):
             rrid = kvp.get("remote_request_id")
             ids.remote_request_id = None if rrid is None else str(rrid)
+            st.engine.deferred += 1  # waiting for remote KV (counted as waiting, reason "deferred")
             try:
                 res = await self._pull(kvp)
             except KVPullError as exc:
                 st.metrics.failures += 1
                 return _error(str(exc), exc.status, "KVTransferError")
+            finally:
+                st.engine.deferred -= 1
             prefilled = True
             headers = {"x-kv-modelled-bytes": str(res.modelled_bytes), "x-kv-wire-bytes": str(res.wire_bytes),
                        "x-kv-transfer-ms": f"{res.wall_seconds * 1000:.3f}",
                        "x-kv-modelled-ms": f"{res.modelled_seconds * 1000:.3f}"}
             if res.tokens != req.prompt_tokens:
                 headers["x-kv-token-mismatch"] = f"{res.tokens}!={req.prompt_tokens}"
-        try:
-            seq = st.engine.submit(req.prompt_tokens, req.max_tokens, prefilled=prefilled, stream=req.stream,
-                                   req_id=ids.internal_id)
-        except EngineFull as exc:
-            return _error(str(exc), 400)
-        resp = api.Responder(req)
+        # one engine sequence per prompt and choice; the transferred KV is the first prompt's (vLLM answers a
+        # prefill with the first prompt's kv_transfer_params), so the other prompts prefill here
+        event = asyncio.Event()
+        groups = [RequestGroup(req.n) for _ in req.prompts] if req.n > 1 else None
+        seqs = [st.engine.submit(req.prompts[plan.prompt].tokens, plan.tokens,
+                                 prefilled=prefilled and plan.prompt == 0, stream=req.stream, req_id=sid,
+                                 arrival=arrival, end_reason=plan.finish_reason, event=event,
+                                 group=groups[plan.prompt] if groups else None,
+                                 max_tokens_param=req.max_tokens_param[plan.prompt])
+                for plan, sid in zip(req.choices, seq_ids)]
+        answer = output.Answer(req, st.fingerprint)
         if req.stream:
-            return await self._stream(request, seq, resp, req, headers)
+            return await self._stream(request, seqs, event, answer, req, headers)
         try:
-            while not seq.finished:
-                seq.event.clear()
-                await seq.event.wait()
+            while not all(q.finished for q in seqs):
+                event.clear()
+                if all(q.finished for q in seqs):
+                    break
+                await event.wait()
         except asyncio.CancelledError:
-            st.engine.abort(seq)
+            for q in seqs:
+                st.engine.abort(q)
             raise
-        out = resp.full(seq.generated, seq.finish_reason or "length")
+        kv_params = None
         if kvp.get("do_remote_decode"):
             entry = st.kv.hold(req.prompt_tokens)
             # remote_request_id: the prefill's engine-side id, as vllm-ascend's Mooncake connector announces it
             # (MooncakeConnectorScheduler.request_finished, kv_p2p/mooncake_connector.py, v0.23.0)
-            out["kv_transfer_params"] = {
+            kv_params = {
                 "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": st.kv.engine_id,
-                "remote_request_id": seq.req_id,
+                "remote_request_id": seqs[0].req_id,
                 "remote_block_ids": entry.block_ids, "remote_host": st.cfg.kv_host, "remote_port": st.kv_port,
                 "tp_size": st.cfg.tp,
             }
-        return web.json_response(out, headers=headers)
+        return _json(answer.full([q.generated for q in seqs], kv_params), headers=headers)
 
     async def _pull(self, kvp: dict[str, Any]):  # type: ignore[no-untyped-def]
         st = self.st
@@ -190,40 +241,66 @@ class Handlers:
                  st.cfg.instance, res.modelled_bytes, res.wire_bytes, res.tokens, host, port, res.wall_seconds * 1e3)
         return res
 
-    async def _stream(self, request: web.Request, seq: Sequence, resp: api.Responder, req: api.ParsedRequest,
-                      headers: dict[str, str]) -> web.StreamResponse:
-        out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
-        sent = 0
+    @staticmethod
+    def _sse_response(headers: dict[str, str] | None = None) -> web.StreamResponse:
+        return web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                           "Cache-Control": "no-cache", **(headers or {})})
+
+    async def _stream_error(self, request: web.Request, exc: api.ApiError) -> web.StreamResponse:
+        """A stream whose request the engine refused: 200, one error event, ``[DONE]`` (vLLM's stream
+        generators catch the exception and send ``create_streaming_error_response``)."""
+        out = self._sse_response()
+        await out.prepare(request)
+        await out.write(output.sse(exc.body()) + b"data: [DONE]\n\n")
+        await out.write_eof()
+        return out
+
+    async def _stream(self, request: web.Request, seqs: list[Sequence], event: asyncio.Event, answer: output.Answer,
+                      req: api.ParsedRequest, headers: dict[str, str]) -> web.StreamResponse:
+        out = self._sse_response(headers)
+        sent = [0] * len(seqs)
+        done = [False] * len(seqs)
         try:
             await out.prepare(request)
             while True:
-                seq.event.clear()
-                if seq.generated == sent and not seq.finished:
-                    await seq.event.wait()
-                upto, done = seq.generated, seq.finished
+                event.clear()
+                if not any(q.generated > sent[i] or (q.finished and not done[i]) for i, q in enumerate(seqs)):
+                    await event.wait()
+                    continue
                 buf = []
-                for i in range(sent, upto):
-                    finish = (seq.finish_reason or "length") if done and i == upto - 1 else None
-                    buf.append(b"data: " + json.dumps(resp.chunk(api.word(i), i, finish)).encode() + b"\n\n")
-                sent = upto
+                if not answer.started:
+                    buf.extend(output.sse(c) for c in answer.first_chunks())
+                for i, q in enumerate(seqs):
+                    upto, fin = q.generated, q.finished
+                    if upto > sent[i] or (fin and not done[i]):
+                        chunk = answer.step_chunk(i, upto, fin)
+                        sent[i], done[i] = upto, fin
+                        if chunk is not None:
+                            buf.append(output.sse(chunk))
                 if buf:
                     await out.write(b"".join(buf))
-                if done:
+                if all(done):
                     break
             if req.include_usage:
-                await out.write(b"data: " + json.dumps(resp.usage_chunk(sent)).encode() + b"\n\n")
+                await out.write(output.sse(answer.usage_chunk([q.generated for q in seqs])))
             await out.write(b"data: [DONE]\n\n")
             await out.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
-            self.st.engine.abort(seq)
+            for q in seqs:
+                self.st.engine.abort(q)
             raise
         return out
 
     async def models(self, request: web.Request) -> web.Response:
-        m = self.st.cfg.model
+        m, now = self.st.cfg.model, int(time.time())
+        # ModelList / ModelCard / ModelPermission (vllm/entrypoints/openai/engine/protocol.py)
+        permission = {"id": f"modelperm-{api.random_uuid()}", "object": "model_permission", "created": now,
+                      "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                      "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                      "organization": "*", "group": None, "is_blocking": False}
         return _json({"object": "list", "data": [{
-            "id": m, "object": "model", "created": int(time.time()), "owned_by": "vllm", "root": m, "parent": None,
-            "max_model_len": self.st.cfg.model_shape().max_model_len}]})
+            "id": m, "object": "model", "created": now, "owned_by": "vllm", "root": m, "parent": None,
+            "max_model_len": self.st.cfg.model_shape().max_model_len, "permission": [permission]}]})
 
     async def health(self, request: web.Request) -> web.Response:
         if not self.ready():
@@ -313,10 +390,56 @@ class Handlers:
         })
 
 
+#: Paths under this prefix are the admin API (token-guarded).
+ADMIN_PREFIX = "/admin"
+
+
+def _is_admin(request: web.Request) -> bool:
+    route = request.match_info.route.resource
+    canonical = route.canonical if route is not None else ""
+    return any(p == ADMIN_PREFIX or p.startswith(ADMIN_PREFIX + "/") for p in (request.path, canonical))
+
+
+def admin_guard(token: str | None) -> Any:
+    """Middleware: ``/admin`` paths only with ``Authorization: Bearer <token>``; none at all without a token.
+
+    The same rule as the proxy's admin API (ascend_runtime.proxy.admin): 401 for a missing or
+    wrong token, 403 when the simulator was started without one.
+    """
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        if not _is_admin(request):
+            return await handler(request)
+        if not token:
+            return _error("admin API disabled: start the simulator with --admin-token-env VAR", 403, "ForbiddenError")
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+            resp = _error("missing or invalid bearer token", 401, "UnauthorizedError")
+            resp.headers["WWW-Authenticate"] = "Bearer"
+            return resp
+        return await handler(request)
+
+    return guard
+
+
+@web.middleware
+async def json_not_found(request: web.Request, handler: Any) -> web.StreamResponse:
+    """No route: FastAPI's answers (``{"detail": "Not Found"}`` 404, ``{"detail": "Method Not Allowed"}`` 405),
+    which is what vLLM's API server gives, instead of aiohttp's plain text."""
+    try:
+        return await handler(request)
+    except web.HTTPMethodNotAllowed as exc:
+        return _json({"detail": "Method Not Allowed"}, 405, headers={"Allow": ", ".join(sorted(exc.allowed_methods))})
+    except web.HTTPNotFound:
+        return _json({"detail": "Not Found"}, 404)
+
+
 def build_app(st: SimState) -> web.Application:
-    """The aiohttp application over ``st``."""
+    """The aiohttp application over ``st``; the admin routes are behind :func:`admin_guard`."""
     h = Handlers(st)
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=64 * 1024 * 1024,
+                          middlewares=[json_not_found, admin_guard(st.cfg.admin_token)])
 
     async def tag(request: web.Request, response: web.StreamResponse) -> None:
         response.headers["x-instance"] = st.cfg.instance
@@ -378,10 +501,11 @@ async def start_simulator(config: SimConfig) -> SimHandle:
     )
     holder: dict[str, Engine] = {}
 
-    def gauges() -> dict[str, float]:
+    def gauges() -> dict[str, Any]:
         e = holder["engine"]
-        return {"vllm:num_requests_running": e.num_running, "vllm:num_requests_waiting": len(e.waiting),
-                "vllm:kv_cache_usage_perc": e.kv_usage, "ascend_sim:balancedness": e.recent_balancedness(),
+        return {"running": e.running_by_rank(), "waiting_capacity": e.spread(len(e.waiting)),
+                "waiting_deferred": e.spread(e.deferred), "kv_usage": e.kv_usage_by_rank(),
+                "ascend_sim:balancedness": e.recent_balancedness(),
                 "ascend_sim:speedup": cfg.speedup,
                 "ascend_sim:mean_step_modelled_seconds": e.modelled_time / max(e.busy_steps, 1),
                 "kv_bytes_moved": kv.stats.sent_modelled + kv.stats.received_modelled,
@@ -390,7 +514,13 @@ async def start_simulator(config: SimConfig) -> SimHandle:
     metrics = SimMetrics(cfg.model, cfg.instance, gauges)
     engine = Engine(cfg, faults, metrics, emap, retained_tokens=lambda: kv.retained_tokens)
     holder["engine"] = engine
-    st = SimState(cfg, engine, kv, faults, metrics, ready_at=loop.time() + cfg.startup_delay)
+    # vllm:cache_config_info labels: CacheConfig.metrics_info() (vllm/config/cache.py), the fields the simulator has
+    metrics.cache_info = {"block_size": str(cfg.block_size), "cache_dtype": "auto",
+                          "enable_prefix_caching": "True", "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
+                          "num_cpu_blocks": "None", "num_gpu_blocks": str(engine.kv_capacity // cfg.block_size),
+                          "prefix_caching_hash_algo": "sha256"}
+    st = SimState(cfg, engine, kv, faults, metrics, ready_at=loop.time() + cfg.startup_delay,
+                  fingerprint=system_fingerprint(cfg))
     kv_server = await asyncio.start_server(kv.handle, cfg.host, cfg.kv_port)
     st.kv_port = kv_server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
     runner = web.AppRunner(build_app(st), access_log=None, handle_signals=False)

@@ -14,22 +14,20 @@ import inspect
 import aiohttp
 import pytest
 
-sim_server = pytest.importorskip(
-    "ascend_runtime.sim.server", reason="simulator module ascend_runtime.sim.server not available yet (issue 6)"
-)
-from ascend_runtime.sim.config import SimConfig  # noqa: E402
-
+import ascend_runtime.sim.server as sim_server
 from ascend_runtime.balancer.apply import SimulatorApplier  # noqa: E402
 from ascend_runtime.balancer.daemon import BalancerConfig, BalancerDaemon, Instance  # noqa: E402
 from ascend_runtime.balancer.expert_map import map_to_placement  # noqa: E402
 from ascend_runtime.balancer.publish import FilePublisher  # noqa: E402
 from ascend_runtime.balancer.sources import HttpLoadSource  # noqa: E402
+from ascend_runtime.sim.config import SimConfig
 
 from .test_daemon import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 REQUESTS = 256  # concurrent requests per instance per drive
+ADMIN_TOKEN = "e2e-sim-admin-token"  # the simulators' /admin API; the session below sends it
 MAX_TOKENS = 24
 
 
@@ -70,11 +68,13 @@ async def test_daemon_raises_balancedness_and_lowers_step_time(tmp_path):
     servers = []
     for i, port in enumerate(ports):
         cfg = SimConfig(role="decode", instance=f"decode-{i}", host="127.0.0.1", port=port, kv_port=0,
-                        npus=32, dp=32, tp=1, ep=32, redundant_experts=32, speedup=5.0, seed=i)
+                        npus=32, dp=32, tp=1, ep=32, redundant_experts=32, speedup=5.0, seed=i,
+                        admin_token=ADMIN_TOKEN)
         servers.append(await _maybe(sim_server.start_simulator(cfg)))
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as s:
             async def stats(u):
                 async with s.get(f"{u}/admin/stats") as r:
                     return await r.json()

@@ -26,7 +26,7 @@ async def test_ttft_tpot_itl_e2el_within_two_percent(fake, api) -> None:
 
     Fake and client share one process and perf_counter, so the truth is exact
     even when the loaded 2-core box makes the fake miss its nominal schedule
-    (X, Y) by a few ms; the nominal schedule is checked loosely on top.
+    (X, Y) by a few ms; on top, the fake is checked never to write early.
     """
     fake.b.ttft_s, fake.b.itl_s = X, Y
     cfg = ThroughputConfig(
@@ -46,16 +46,17 @@ async def test_ttft_tpot_itl_e2el_within_two_percent(fake, api) -> None:
     }
     off = {k: (round(d[k], 2), round(v * 1000, 2)) for k, v in truth.items() if not _within(d[k], v)}
     assert not off, off
-    # the nominal schedule, loosely (the box may deschedule the fake itself)
-    for key, nominal in (("median_ttft_ms", X), ("median_tpot_ms", Y), ("median_itl_ms", Y)):
-        assert _within(d[key], nominal, 0.25), (key, d[key])
+    # the fake kept a real schedule: a busy box can make it late, never early
+    for arrival, w in log:
+        for i, t in enumerate(w):
+            assert t - arrival >= X + i * Y - 0.001, (i, t - arrival)
     # prompts sized by the server's own counts (chat adds template tokens the fit must absorb)
     assert d["total_input_tokens"] == 8 * 50
     assert d["total_output_tokens"] == 8 * N_OUT
     assert d["max_concurrent_requests"] == 8
     assert d["per_npu_output_throughput"] == pytest.approx(d["output_throughput"] / 2)
-    # one wave of 8 requests, each X + 11 Y = 475 ms
-    assert 0.47 < d["duration"] < 0.7
+    # one wave of 8 requests, each at least X + 11 Y = 475 ms; the run lasts as long as the slowest
+    assert d["duration"] >= max(w[-1] for _, w in log) - min(r.start for r in res.requests) > X + (N_OUT - 1) * Y - 0.001
 
 
 async def test_warmup_requests_are_not_measured(fake) -> None:
@@ -101,11 +102,18 @@ async def test_slo_goodput_from_a_full_run(fake) -> None:
 
 async def test_metrics_within_two_percent_of_a_fixed_schedule_in_another_process() -> None:
     """The server in its own process writes the first token X after arrival, then one every Y (absolute
-    deadlines); TTFT, TPOT and ITL measured by the load generator are within 2% of X and Y."""
+    deadlines) and reports when it really wrote each (GET /stream-log). TTFT, TPOT, ITL and E2EL measured
+    by the load generator are within 2% of that kept schedule. A busy host can make the server late
+    against X and Y; it cannot make the load generator's numbers disagree with what the server did."""
     import subprocess
     import sys
+    import time
     from pathlib import Path
 
+    import aiohttp
+
+    assert "CLOCK_MONOTONIC" in time.get_clock_info("perf_counter").implementation, \
+        "server and client instants are compared across processes: perf_counter must be CLOCK_MONOTONIC"
     x, y, n_out = 0.500, 0.040, 16
     root = Path(__file__).resolve().parents[2]
     server = subprocess.Popen([sys.executable, "-m", "tests.checks.fixed_timing_server", str(x), str(y)],
@@ -114,14 +122,28 @@ async def test_metrics_within_two_percent_of_a_fixed_schedule_in_another_process
         url = server.stdout.readline().strip()
         cfg = ThroughputConfig(endpoint=url, input_len=20, output_len=n_out, num_prompts=8, concurrency=8,
                                progress=False)
-        d = (await run_throughput(cfg)).to_dict()
+        res = await run_throughput(cfg)
+        async with aiohttp.ClientSession() as session, session.get(url + "/stream-log") as resp:
+            kept = [entry for entry in await resp.json() if len(entry["writes"]) == n_out][-8:]
     finally:
         server.kill()
         server.wait()
+    d = res.to_dict()
     assert d["completed"] == 8 and d["failed"] == 0, d["errors"]
-    assert _within(d["mean_ttft_ms"], x), d["mean_ttft_ms"]
-    assert _within(d["median_ttft_ms"], x), d["median_ttft_ms"]
-    assert _within(d["mean_tpot_ms"], y), d["mean_tpot_ms"]
-    assert _within(d["mean_itl_ms"], y), d["mean_itl_ms"]
-    assert _within(d["median_itl_ms"], y), d["median_itl_ms"]
-    assert _within(d["mean_e2el_ms"], x + (n_out - 1) * y), d["mean_e2el_ms"]
+    assert len(kept) == 8, kept
+    # the server kept a real schedule: no write before its deadline (it may be late, never early)
+    for entry in kept:
+        for i, w in enumerate(entry["writes"]):
+            assert w - entry["arrival"] >= x + i * y - 0.001, (i, w - entry["arrival"])
+    sends = statistics.fmean(r.start for r in res.requests)
+    writes = [entry["writes"] for entry in kept]
+    gaps = [b - a for w in writes for a, b in zip(w, w[1:])]
+    truth = {
+        "mean_ttft_ms": statistics.fmean(w[0] for w in writes) - sends,
+        "mean_tpot_ms": statistics.fmean((w[-1] - w[0]) / (n_out - 1) for w in writes),
+        "mean_itl_ms": statistics.fmean(gaps),
+        "median_itl_ms": statistics.median(gaps),
+        "mean_e2el_ms": statistics.fmean(w[-1] for w in writes) - sends,
+    }
+    off = {k: (round(d[k], 2), round(v * 1000, 2)) for k, v in truth.items() if not _within(d[k], v)}
+    assert not off, off

@@ -18,15 +18,23 @@ PROJECT = "ascend-deepseek"
 
 @dataclass
 class Registered:
-    """One resource the program registered: Pulumi type token, logical name, inputs."""
+    """One resource the program registered or read: Pulumi type token, logical name, inputs.
+
+    ``custom``: a custom resource (a Kubernetes object the program manages); ``read_id``: the id of an
+    existing resource the program only reads (``Resource.get``); remote components (``yaml.v2.ConfigFile``)
+    are neither.
+    """
 
     typ: str
     name: str
     inputs: dict[str, Any]
+    custom: bool = True
+    read_id: str | None = None
 
     @property
     def is_k8s(self) -> bool:
-        return self.typ.startswith("kubernetes:")
+        """A Kubernetes object the program creates (not a read, not a provider-side component)."""
+        return self.typ.startswith("kubernetes:") and self.custom and self.read_id is None
 
 
 class RecordingMocks(pulumi.runtime.Mocks):
@@ -36,8 +44,10 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.resources: list[Registered] = []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        self.resources.append(Registered(args.typ, args.name, dict(args.inputs)))
-        return args.name + "_id", args.inputs
+        # the mock monitor passes a read's id (Resource.get) as resource_id, with custom unset
+        read_id = args.resource_id if args.resource_id and not args.custom else None
+        self.resources.append(Registered(args.typ, args.name, dict(args.inputs), bool(args.custom), read_id))
+        return (read_id or args.name + "_id"), args.inputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
         return {}, None
@@ -73,6 +83,11 @@ class Run:
     def k8s_objects(self) -> list[dict[str, Any]]:
         """Registered Kubernetes objects as plain data."""
         return [normalize(r.inputs) for r in self.resources if r.is_k8s]
+
+    @property
+    def reads(self) -> list[Registered]:
+        """Existing resources the program read (``Resource.get``)."""
+        return [r for r in self.resources if r.read_id is not None]
 
 
 def run_stack(stack: str, config: dict[str, str] | None = None, secret_keys: list[str] | None = None) -> Run:

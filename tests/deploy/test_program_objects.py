@@ -13,8 +13,9 @@ import pytest
 from ascend_runtime.planner import load_plan
 
 from .conftest import K8S_STACKS, stack_run
-from .crd_schemas import validate_crd
+from .crd_schemas import validate_crd, validate_lws
 from .harness import Run
+from .pods import lws_templates, workload_objects
 
 
 def _plan(run: Run):
@@ -30,15 +31,40 @@ def _engine_deployments(run: Run) -> list[dict[str, Any]]:
             if d["metadata"]["labels"].get("app.kubernetes.io/component") == "engine"]
 
 
+def engine_pods(run: Run) -> list[tuple[list[Any], dict[str, Any], dict[str, Any]]]:
+    """(the ranks a pod template runs, the template, its workload) of every engine pod template:
+    a rank Deployment runs its rank, a LeaderWorkerSet's leader rank 0, its worker template ranks 1..n-1."""
+    plan = _plan(run)
+    ranks = {r.name: r for r in plan.ranks}
+    out: list[tuple[list[Any], dict[str, Any], dict[str, Any]]] = []
+    for dep in _engine_deployments(run):
+        out.append(([ranks[dep["metadata"]["name"]]], dep["spec"]["template"], dep))
+    for lws in _by_kind(run, "LeaderWorkerSet"):
+        inst = plan.instance(lws["metadata"]["name"])
+        leader, worker = lws_templates(lws)
+        out += [([inst.ranks[0]], leader, lws), (list(inst.ranks[1:]), worker, lws)]
+    return out
+
+
+def validate_object(obj: dict[str, Any], version: str) -> None:
+    """kubernetes-validate (strict) for built-in kinds; custom resources against their CRD schema, and a
+    LeaderWorkerSet's pod templates as v1 PodTemplates with kubernetes-validate too."""
+    if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+        validate_crd(obj)
+    elif obj["kind"] == "LeaderWorkerSet":
+        validate_lws(obj)
+        for template in workload_objects([obj]):
+            kubernetes_validate.validate(template, version, strict=True)
+    else:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
 def test_every_registered_object_validates(any_run: Run) -> None:
     plan = _plan(any_run)
     version = plan.config["kubernetes"]["version"]
     checked = 0
     for obj in any_run.k8s_objects:
-        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
-            validate_crd(obj)
-        else:
-            kubernetes_validate.validate(obj, version, strict=True)
+        validate_object(obj, version)
         checked += 1
     assert checked == len(any_run.k8s_objects)
     if plan.target == "local":
@@ -49,10 +75,24 @@ def test_every_registered_object_validates(any_run: Run) -> None:
 
 def test_validation_can_fail() -> None:
     """The validators reject a broken object (so the test above can fail)."""
-    obj = json.loads(json.dumps(_engine_deployments(stack_run("a2-staging"))[0]))
+    obj = json.loads(json.dumps(_engine_deployments(stack_run("cm384-prod"))[0]))
     obj["spec"]["template"]["spec"]["hostNetwrok"] = True
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(obj, "1.30", strict=True)
+    lws = _by_kind(stack_run("a2-staging"), "LeaderWorkerSet")[0]
+    for path, value in ((("spec", "leaderWorkerTemplate", "workerTemplate", "spec", "hostNetwrok"), True),
+                        (("spec", "leaderWorkerTemplate", "restartPolicy"), "Always"),
+                        (("spec", "startupPolicy"), "LeaderStarted"),
+                        (("spec", "leaderWorkerTemplate", "size"), "4"),
+                        (("metadata", "name"), "0-decode")):  # a DNS-1035 label: it names the headless Service
+        broken = json.loads(json.dumps(lws))
+        node = broken
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
+            validate_object(broken, "1.30")
+    validate_object(lws, "1.30")
     monitor = next(o for o in stack_run("cm384-prod").k8s_objects if o["kind"] == "PodMonitor")
     monitor = {**monitor, "spec": {**monitor["spec"], "podMetricsEndpoints": []}}
     with pytest.raises(jsonschema.ValidationError):
@@ -60,27 +100,39 @@ def test_validation_can_fail() -> None:
 
 
 def test_registered_counts() -> None:
-    """Every rank has a workload; counts per stack as designed."""
+    """Every rank has a pod; counts per stack as designed."""
     for stack in K8S_STACKS:
         run, plan = stack_run(stack), load_plan(stack)
-        assert len(_engine_deployments(run)) == len(plan.ranks)
+        lws = _by_kind(run, "LeaderWorkerSet")
+        assert len(_engine_deployments(run)) + sum(o["spec"]["leaderWorkerTemplate"]["size"] for o in lws) == len(plan.ranks)
+        assert len(lws) == sum(1 for i in plan.instances if len(i.ranks) > 1)
         assert len(_by_kind(run, "Node")) == len(plan.nodes)
         names = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in run.k8s_objects]
         assert len(names) == len(set(names)), "duplicate objects"
 
 
 def test_engine_pods_pinned_with_node_ip(k8s_run: Run) -> None:
+    """Rank Deployments and LeaderWorkerSet leaders are pinned to their Plan node with its IP; LeaderWorkerSet
+    workers may land on any of their instance's worker nodes (their node's values: tests/deploy/test_lws.py)."""
     plan = _plan(k8s_run)
-    ranks = {r.name: r for r in plan.ranks}
     nodes = {n.name: n for n in plan.nodes}
-    for dep in _engine_deployments(k8s_run):
-        rank = ranks[dep["metadata"]["name"]]
-        pod = dep["spec"]["template"]["spec"]
-        assert pod["nodeSelector"] == {"kubernetes.io/hostname": rank.node}
+    for ranks, template, owner in engine_pods(k8s_run):
+        pod = template["spec"]
         assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
         env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
-        assert env["HCCL_IF_IP"] == nodes[rank.node].host_ip
-        assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+        if owner["kind"] == "Deployment" or ranks[0].is_leader:
+            (rank,) = ranks
+            assert pod["nodeSelector"] == {"kubernetes.io/hostname": rank.node}
+            assert env["HCCL_IF_IP"] == nodes[rank.node].host_ip
+        else:
+            assert "nodeSelector" not in pod
+            # one worker node: its IP is every worker's; several: the worker script sets the node's own
+            assert env.get("HCCL_IF_IP") == (nodes[ranks[0].node].host_ip if len(ranks) == 1 else None)
+            (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "In",
+                                                 "values": [r.node for r in ranks]}]
+        if owner["kind"] == "Deployment":
+            assert owner["spec"]["replicas"] == 1 and owner["spec"]["strategy"] == {"type": "Recreate"}
 
 
 def _server_ids(doc: Any) -> set[str]:
@@ -101,7 +153,13 @@ def test_every_rank_table_server_has_a_rank_pod(k8s_run: Run) -> None:
     plan = _plan(k8s_run)
     node_of_ip = {n.host_ip: n.name for n in plan.nodes}
     pinned = {d["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"] for d in _engine_deployments(k8s_run)}
+    if plan.kv_connector == "llmdatadist":  # every rank of a rank-table dialect is a pinned Deployment
+        assert not _by_kind(k8s_run, "LeaderWorkerSet")
     tables = [cm for cm in _by_kind(k8s_run, "ConfigMap") if cm["metadata"]["name"].endswith("-ranktable")]
+    if plan.kv_connector != "llmdatadist":
+        # no process of a Mooncake engine reads a rank table: none is shipped to (or mounted by) engine pods
+        assert tables == []
+        return
     assert len(tables) == len(plan.instances)
     seen = 0
     for cm in tables:
@@ -116,12 +174,13 @@ def test_npu_requests_fit_nodes_and_sum_to_plan(k8s_run: Run) -> None:
     plan = _plan(k8s_run)
     resource = plan.config["kubernetes"]["npu_resource"]
     per_node: Counter[str] = Counter()
-    for dep in _engine_deployments(k8s_run):
-        pod = dep["spec"]["template"]["spec"]
-        res = pod["containers"][0]["resources"]
+    for ranks, template, _ in engine_pods(k8s_run):
+        res = template["spec"]["containers"][0]["resources"]
         requested = int(res.get("requests", {}).get(resource, 0))
         assert requested == int(res.get("limits", {}).get(resource, 0))
-        per_node[pod["nodeSelector"]["kubernetes.io/hostname"]] += requested
+        for rank in ranks:  # one pod per rank, on one of these ranks' nodes (one of the group per node)
+            assert requested in (0, len(rank.devices))
+            per_node[rank.node] += requested
     if plan.target == "kind":
         assert sum(per_node.values()) == 0, "kind requests no NPUs"
         return
@@ -133,13 +192,17 @@ def test_npu_requests_fit_nodes_and_sum_to_plan(k8s_run: Run) -> None:
 def test_engine_mounts_and_shm(k8s_run: Run) -> None:
     plan = _plan(k8s_run)
     cfg = plan.config["kubernetes"]
-    for dep in _engine_deployments(k8s_run):
-        pod = dep["spec"]["template"]["spec"]
+    for ranks, template, owner in engine_pods(k8s_run):
+        pod = template["spec"]
         volumes = {v["name"]: v for v in pod["volumes"]}
         mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
         assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": f"{cfg['shm_size_gib']}Gi"}
-        assert "/dev/shm" in mounts and "/etc/hccn.conf" in mounts
-        assert "/etc/ascend-deploy/ranktables" in mounts and "/etc/ascend-deploy/launch" in mounts
+        assert "/dev/shm" in mounts
+        # the node's own hccn.conf; on kind a simulated node's from the ConfigMap, which only a pinned pod can pick
+        worker_template = owner["kind"] == "LeaderWorkerSet" and not ranks[0].is_leader
+        assert ("/etc/hccn.conf" in mounts) == (plan.target != "kind" or not worker_template)
+        assert "/etc/ascend-deploy/launch" in mounts
+        assert ("/etc/ascend-deploy/ranktables" in mounts) == (plan.kv_connector == "llmdatadist")
         if plan.target == "kind":
             assert not any("hostPath" in v for v in volumes.values())
             continue
@@ -157,19 +220,24 @@ def test_engine_mounts_and_shm(k8s_run: Run) -> None:
 
 
 def test_probes_never_kill_a_loading_engine_and_follow_the_leader(k8s_run: Run) -> None:
-    """Gang restart: workers probe the leader's /health; liveness starts only after a long startup probe."""
+    """Workers' readiness is the leader's /health; liveness starts only after a long startup probe; a
+    LeaderWorkerSet worker has no liveness (the group is recreated by the controller)."""
     plan = _plan(k8s_run)
     budget = plan.config["kubernetes"]["startup_probe_seconds"]
-    ranks = {r.name: r for r in plan.ranks}
-    for dep in _engine_deployments(k8s_run):
-        rank = ranks[dep["metadata"]["name"]]
+    for ranks, template, owner in engine_pods(k8s_run):
+        rank = ranks[0]
         inst = plan.instance(rank.instance)
-        c = dep["spec"]["template"]["spec"]["containers"][0]
-        startup = c["startupProbe"]
-        assert startup["periodSeconds"] * startup["failureThreshold"] >= budget
-        assert "livenessProbe" in c and "readinessProbe" in c
-        assert int(dep["metadata"]["annotations"]["pulumi.com/timeoutSeconds"]) > budget
-        for probe in (startup, c["readinessProbe"], c["livenessProbe"]):
+        c = template["spec"]["containers"][0]
+        assert int(owner["metadata"]["annotations"]["pulumi.com/timeoutSeconds"]) > budget
+        if owner["kind"] == "LeaderWorkerSet" and not rank.is_leader:
+            assert set(c) & {"startupProbe", "readinessProbe", "livenessProbe"} == {"readinessProbe"}
+            probes = [c["readinessProbe"]]
+        else:
+            startup = c["startupProbe"]
+            assert startup["periodSeconds"] * startup["failureThreshold"] >= budget
+            assert "livenessProbe" in c and "readinessProbe" in c
+            probes = [startup, c["readinessProbe"], c["livenessProbe"]]
+        for probe in probes:
             if "httpGet" in probe:
                 assert probe["httpGet"]["path"] == "/health" and probe["httpGet"]["port"] == inst.api_port
                 if rank.is_leader:
@@ -183,7 +251,9 @@ def test_probes_never_kill_a_loading_engine_and_follow_the_leader(k8s_run: Run) 
 
 def test_balancer_role_grants_only_its_configmap(k8s_run: Run) -> None:
     roles = _by_kind(k8s_run, "Role")
-    assert not _by_kind(k8s_run, "ClusterRole") and not _by_kind(k8s_run, "ClusterRoleBinding")
+    cluster_wide = [o for o in _by_kind(k8s_run, "ClusterRole") + _by_kind(k8s_run, "ClusterRoleBinding")
+                    if o["metadata"]["labels"].get("app.kubernetes.io/component") != "device-plugin"]
+    assert not cluster_wide  # only the device plugin's (tests/deploy/test_device_plugin.py)
     assert [r["metadata"]["name"] for r in roles] == ["expert-balancer"]
     rules = roles[0]["rules"]
     assert len(rules) == 1
@@ -282,8 +352,7 @@ def test_stack_outputs(k8s_run: Run) -> None:
     out = k8s_run.exports
     assert out["proxy_endpoint"] == plan.proxy_url
     assert {n: v["nodes"] for n, v in out["instances"].items()} == {i.name: list(i.nodes) for i in plan.instances}
-    tables = {cm["metadata"]["name"]: cm for cm in _by_kind(k8s_run, "ConfigMap") if cm["metadata"]["name"].endswith("-ranktable")}
-    assert tables and all(len(d) == 64 for d in out["rank_table_digests"].values())
+    assert out["rank_table_digests"] and all(len(d) == 64 for d in out["rank_table_digests"].values())
     assert out["plan_summary"]["decode_npus"] == sum(i.npus for i in plan.by_role("decode"))
 
 

@@ -117,7 +117,13 @@ def test_checks_job_depends_on_every_workload() -> None:
         assert component in deps
         assert component.workloads
     assert len(system.engines) == len(plan.instances)
-    assert sum(len(e.workloads) for e in system.engines.values()) == len(plan.ranks)
+    # a2-staging: both instances span nodes, each is one LeaderWorkerSet (its whole group is the workload)
+    assert [len(e.workloads) for e in system.engines.values()] == [1] * len(plan.instances)
+    assert {w._type for e in system.engines.values() for w in e.workloads} == {
+        "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet"}
+    # ...and they wait for the cluster preparation, which checks the LeaderWorkerSet CRD first
+    assert system.cluster.lws is not None
+    assert all(system.cluster in e.depends_on for e in system.engines.values())
 
 
 def test_kind_cluster_template_matches_inventory() -> None:

@@ -9,8 +9,11 @@ knows about the fakes. Version files live under a per-host fake root whose
 paths the tests pass as playbook variables (``--vars``), as an operator would
 for a non-standard install.
 
+A fifth sshd on 127.0.0.6 stands in for a bastion (``ssh.jump_host``); it
+logs every accepted connection, so tests can count them.
+
 Needs: /usr/sbin/sshd and ssh-keygen (Debian openssh-server), permission to
-create /run/sshd, loopback addresses 127.0.0.2-5 (Linux routes 127/8 to lo).
+create /run/sshd, loopback addresses 127.0.0.2-6 (Linux routes 127/8 to lo).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +39,8 @@ SSHD = "/usr/sbin/sshd"
 FAKE_BIN = Path(__file__).resolve().parent / "fakes" / "bin"
 N_HOSTS = 4
 KIND_DEVICES = {"a2": 8, "a3": 16}
+JUMP_ADDR = "127.0.0.6"
+RUN_LIMIT_S = 600  # wall-clock bound of one playbook run in a test (the slowest takes well under a minute)
 HARDWARE = {"a2": "atlas-800i-a2", "a3": "cm384"}
 
 
@@ -76,6 +82,43 @@ class SshLab:
     base: Path
     client_key: Path
     hosts: list[FakeHost] = field(default_factory=list)
+    jump: FakeHost | None = None  # the bastion sshd (LogLevel INFO: one "Accepted publickey" line per connection)
+
+    def jump_connections(self) -> int:
+        """Connections the bastion accepted so far (counted in its sshd log)."""
+        assert self.jump is not None
+        return (self.jump.dir / "sshd.log").read_text().count("Accepted publickey")
+
+
+def _sshd_config(hdir: Path, addr: str, port: int, log_level: str = "ERROR") -> Path:
+    conf = hdir / "sshd_config"
+    conf.write_text(
+        f"ListenAddress {addr}\nPort {port}\nHostKey {hdir / 'ssh_host_ed25519_key'}\n"
+        f"PermitRootLogin prohibit-password\nAuthorizedKeysFile {hdir / 'authorized_keys'}\n"
+        f"PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+        f"UsePAM no\nStrictModes no\nPermitUserEnvironment yes\nPidFile {hdir / 'sshd.pid'}\n"
+        f"MaxStartups 100\nMaxSessions 50\nLogLevel {log_level}\n"
+    )
+    return conf
+
+
+def _start_sshd(hdir: Path, addr: str, port: int, log_level: str = "ERROR") -> subprocess.Popen:
+    conf = _sshd_config(hdir, addr, port, log_level)
+    return subprocess.Popen([SSHD, "-D", "-e", "-f", str(conf)],
+                            stdout=subprocess.DEVNULL, stderr=open(hdir / "sshd.log", "w"))
+
+
+def _wait_listening(hosts: list[FakeHost], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    for host in hosts:
+        while True:
+            try:
+                socket.create_connection((host.addr, host.port), timeout=0.5).close()
+                break
+            except OSError:
+                if host.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"sshd for {host.addr} did not start: {(host.dir / 'sshd.log').read_text()}")
+                time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")
@@ -95,35 +138,31 @@ def ssh_lab(tmp_path_factory: pytest.TempPathFactory):
         host = FakeHost(i, addr, _free_port(addr), hdir, host_pub)
         env = f'environment="PATH={FAKE_BIN}:/usr/local/bin:/usr/bin:/bin",environment="FAKE_NPU_STATE={host.state_file}"'
         (hdir / "authorized_keys").write_text(f"{env} {client_pub}\n")
-        (hdir / "sshd_config").write_text(
-            f"ListenAddress {addr}\nPort {host.port}\nHostKey {hdir / 'ssh_host_ed25519_key'}\n"
-            f"PermitRootLogin prohibit-password\nAuthorizedKeysFile {hdir / 'authorized_keys'}\n"
-            f"PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-            f"UsePAM no\nStrictModes no\nPermitUserEnvironment yes\nPidFile {hdir / 'sshd.pid'}\n"
-            f"MaxStartups 100\nMaxSessions 50\nLogLevel ERROR\n"
-        )
-        host.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(hdir / "sshd_config")],
-                                     stdout=subprocess.DEVNULL, stderr=open(hdir / "sshd.log", "w"))
+        host.proc = _start_sshd(hdir, addr, host.port)
         lab.hosts.append(host)
-    deadline = time.monotonic() + 10
-    for host in lab.hosts:
-        while True:
-            try:
-                socket.create_connection((host.addr, host.port), timeout=0.5).close()
-                break
-            except OSError:
-                if host.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"sshd for {host.addr} did not start: {(host.dir / 'sshd.log').read_text()}")
-                time.sleep(0.05)
+    # a bastion for ProxyJump-style runs: its own sshd, logging every accepted connection
+    jdir = base / "jump"
+    jdir.mkdir()
+    jump = FakeHost(-1, JUMP_ADDR, _free_port(JUMP_ADDR), jdir, _keygen(jdir / "ssh_host_ed25519_key"))
+    (jdir / "authorized_keys").write_text(f"{client_pub}\n")
+    jump.proc = _start_sshd(jdir, jump.addr, jump.port, log_level="INFO")
+    lab.jump = jump
+    _wait_listening(lab.hosts + [jump])
     yield lab
-    for host in lab.hosts:
+    for host in lab.hosts + [jump]:
         if host.proc and host.proc.poll() is None:
             host.proc.terminate()
             host.proc.wait(timeout=5)
 
 
 def planned_ip(i: int, d: int) -> str:
+    """RoCE port IP of host i, device d (``hccn_tool -ip -g``; the inventory's device_ip)."""
     return f"198.51.100.{10 + i * 16 + d}"
+
+
+def planned_vnic_ip(i: int, d: int) -> str:
+    """A3 VNIC IP of host i, device d (``hccn_tool -vnic -g``; the inventory's vnic_ip): never a RoCE address."""
+    return f"203.0.113.{10 + i * 16 + d}"
 
 
 class Lab:
@@ -176,9 +215,12 @@ class Lab:
                     "present": "1", "ip": planned_ip(h.index, d), "netmask": "255.255.255.0",
                     "gateway": "198.51.100.1", "netdetect": "198.51.100.1", "link": "UP", "health": "Success",
                     "npu_health": "OK", "tls": "0", "sdid": str(0x1000000 + h.index * 16 + d), "spod": "0"}.items()})
+                if kind == "a3":  # the VNIC is a second interface with its own address (A3 only)
+                    state.update({f"dev.{d}.vnic_ip": planned_vnic_ip(h.index, d),
+                                  f"dev.{d}.vnic_netmask": "255.255.255.0"})
             self._write_state(h, state)
             (h.dir / "hccn.conf").write_text("")
-            for suffix in (".log", ".calls"):
+            for suffix in (".log", ".calls", ".hang"):
                 Path(str(h.state_file) + suffix).unlink(missing_ok=True)
         self.vars_file.write_text(yaml.safe_dump({"hosts": host_vars}))
         (self.stacks / "Pulumi.test.yaml").write_text(yaml.safe_dump({"config": {
@@ -194,7 +236,8 @@ class Lab:
             if with_devices:
                 node["devices"] = [
                     {"device_id": d, "device_ip": planned_ip(h.index, d), "netmask": "255.255.255.0",
-                     "gateway": "198.51.100.1", "netdetect": "198.51.100.1"}
+                     "gateway": "198.51.100.1", "netdetect": "198.51.100.1",
+                     **({"vnic_ip": planned_vnic_ip(h.index, d)} if self.kind == "a3" else {})}
                     for d in range(KIND_DEVICES[self.kind])
                 ]
             nodes.append(node)
@@ -219,9 +262,21 @@ class Lab:
         self._write_state(self.hosts[i], state)
 
     def calls(self, i: int) -> list[str]:
-        """The hccn_tool -s commands host i received."""
+        """Every hccn_tool -s command host i received (recorded before it ran, failed ones included)."""
         p = Path(str(self.hosts[i].state_file) + ".calls")
         return p.read_text().splitlines() if p.exists() else []
+
+    def hang_pids(self, i: int) -> list[int]:
+        """Pids of the hung fake hccn_tool runs of host i and of their children."""
+        p = Path(str(self.hosts[i].state_file) + ".hang")
+        return [int(x) for x in p.read_text().split()] if p.exists() else []
+
+    def playbook(self, steps: list[dict[str, Any]], name: str = "faults") -> str:
+        """Write a playbook with these steps for both hardware kinds; return its path (for ``run``)."""
+        path = self.tmp / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({"name": name, "hardware": ["atlas-800i-a2", "cm384"],
+                                        "vars": {"hccn_tool": "hccn_tool"}, "steps": steps}, sort_keys=False))
+        return str(path)
 
     def invocations(self, i: int) -> list[str]:
         log = Path(str(self.hosts[i].state_file) + ".log")
@@ -229,10 +284,25 @@ class Lab:
 
     def run(self, playbook: str, *extra: str) -> tuple[int, dict[str, Any]]:
         """Run the CLI in-process; return (exit code, --json report)."""
-        out = self.tmp / f"report-{playbook}-{time.monotonic_ns()}.json"
-        rc = cli_main(["playbook", "run", playbook, "--stack", "test", "--stacks-dir", str(self.stacks),
-                       "--vars", str(self.vars_file), "--json", str(out), "--connect-retries", "2", *extra])
-        return rc, (json.loads(out.read_text()) if out.exists() else {})
+        out = self.tmp / f"report-{Path(playbook).stem}-{time.monotonic_ns()}.json"
+        argv = ["playbook", "run", playbook, "--stack", "test", "--stacks-dir", str(self.stacks),
+                "--vars", str(self.vars_file), "--json", str(out), "--connect-retries", "2", *extra]
+        done: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                done["rc"] = cli_main(argv)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+                done["exc"] = exc
+
+        worker = threading.Thread(target=target, daemon=True)  # a hung run fails the test, never the suite
+        worker.start()
+        worker.join(RUN_LIMIT_S)
+        if worker.is_alive():
+            pytest.fail(f"`ascend-deploy {' '.join(argv[:3])}` did not finish within {RUN_LIMIT_S} s")
+        if "exc" in done:
+            raise done["exc"]
+        return done["rc"], (json.loads(out.read_text()) if out.exists() else {})
 
 
 @pytest.fixture

@@ -39,7 +39,11 @@ def test_hccn_variants() -> None:
     assert p.hccn_ip("ipaddr:10.10.0.10\nnetmask:255.255.255.0\n") == {
         "ipaddr": "10.10.0.10", "netmask": "255.255.255.0", "link": None}
     assert p.hccn_ip("Get ipconf failed, because no ip was preset there!")["ipaddr"] is None
-    assert p.PARSERS["hccn_vnic"]("vnic link status: UP\nvnic ipaddr: 192.168.2.199\nvnic netmask: 255.255.255.0")["ipaddr"] == "192.168.2.199"
+    vnic = "vnic link status: UP\nvnic ipaddr: 192.168.2.199\nvnic netmask: 255.255.255.0"
+    assert p.PARSERS["hccn_vnic"](vnic) == {"ipaddr": "192.168.2.199", "netmask": "255.255.255.0", "link": "UP"}
+    # the RoCE port IP (-ip -g) and the A3 VNIC IP (-vnic -g) are never read from each other's output
+    assert p.hccn_ip(vnic) == {"ipaddr": None, "netmask": None, "link": None}
+    assert p.PARSERS["hccn_vnic"]("ipaddr:10.10.0.10\nnetmask:255.255.255.0\n")["ipaddr"] is None
     assert p.hccn_netdetect("netdetect address: 11.12.165.1")["address"] == "11.12.165.1"
     assert p.hccn_netdetect("netdetect addr: 11.12.165.1")["address"] == "11.12.165.1"
     assert p.hccn_gateway("default gateway:11.12.165.1, Iface:eth0") == {"address": "11.12.165.1", "iface": "eth0"}

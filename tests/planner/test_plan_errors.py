@@ -102,6 +102,9 @@ def test_instance_spanning_super_pods(stack_copy: Callable[..., Path]) -> None:
     # 8 prefill nodes leave 4 free in pod 0; two 5-node decodes fill pod 1 to 10 of 12;
     # the third 5-node decode finds 6 usable nodes, but only across the two pods.
     def edit(config: dict[str, Any]) -> None:
+        # ep 80 needs 64 redundant slots: on 0.11 they reach the engine without EPLB (init_redundancy_expert)
+        config[NS + "engine"]["vllm_ascend_version"] = "0.11.0"
+        config[NS + "prefill"].pop("eplb")
         d = config[NS + "decode"]
         d.update(instances=3, nodes_per_instance=5, dp=80, ep=80, redundant_experts=64)
 
@@ -132,3 +135,18 @@ def test_a3_devices_need_super_pod_facts(stack_copy: Callable[..., Path]) -> Non
         inv["nodes"][0]["devices"][0].pop("super_pod_id")
 
     expect_error(stack_copy, "cm384-prod", "inventory.nodes[0].devices[0]", "super_pod_id", edit_inventory=strip)
+
+
+def test_reserved_port_is_refused(stack_copy: Callable[..., Path]) -> None:
+    expect_error(stack_copy, "a2-staging", "ports.api_base", "kubelet", edit_config=set_key("ports.api_base", 10250))
+
+
+def test_derived_names_stay_labels_without_enumerating_instances() -> None:
+    from ascend_runtime.config.loader import load_stack
+    from ascend_runtime.planner.validation import check_names
+
+    config = load_stack("a2-staging").config
+    assert check_names(config) == []
+    huge = config.model_copy(update={"decode": config.decode.model_copy(update={"instances": 10**60})})
+    (problem,) = check_names(huge)  # returns at once: only the longest names are built
+    assert problem.path == "decode.instances" and "63 characters" in problem.message

@@ -23,7 +23,7 @@ def test_a2_staging_matches_published_deployment() -> None:
     assert (prefill.npus, len(prefill.ranks), prefill.dp, prefill.tp, prefill.ep) == (16, 2, 2, 8, 16)
     assert (decode.npus, len(decode.ranks), decode.dp, decode.tp, decode.ep) == (32, 4, 32, 1, 32)
     assert set(prefill.nodes).isdisjoint(decode.nodes)
-    assert plan.kv_connector == "llmdatadist"
+    assert plan.kv_connector == "mooncake" and plan.vllm_ascend_version == "0.23.0"
 
 
 def test_plan_table_and_json_are_deterministic() -> None:

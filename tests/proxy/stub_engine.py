@@ -7,7 +7,8 @@ tests it also records every request it got (``stub.requests``), the
 ``X-Request-Id`` / ``X-Client-Request-Id`` headers of each (``stub.request_ids``,
 ``stub.client_request_ids``, same order) and the exact bytes of each answer
 (``stub.sent``), and can answer ``stop_reason: "recomputed"`` after
-``recompute_after`` tokens (once).
+``recompute_after`` tokens (once). ``health_hang`` / ``health_status`` make
+``/health`` never answer or answer another status; ``health_calls`` counts them.
 
 Request ids: a request whose ``X-Request-Id`` is already live on this stub is
 refused with 400 and a vLLM 0.23-shaped error body. This is a deliberate
@@ -33,6 +34,11 @@ from typing import Any
 from aiohttp import web
 
 
+def error_body(message: str, code: int, err_type: str = "BadRequestError") -> dict[str, Any]:
+    """vLLM 0.23.0's ErrorResponse JSON (vllm/entrypoints/openai/engine/protocol.py)."""
+    return {"error": {"message": message, "type": err_type, "param": None, "code": code}}
+
+
 @dataclass
 class Faults:
     error_rate: float = 0.0
@@ -49,6 +55,9 @@ class StubEngine:
     ready_after_s: float = 0.0
     recompute_after: int | None = None
     kv_usage: float = 0.0
+    health_hang: bool = False  # /health never answers (a saturated engine, as far as a short timeout sees)
+    health_status: int | None = None  # /health answers this status instead
+    health_calls: int = 0
     faults: Faults = field(default_factory=Faults)
     requests: list[dict[str, Any]] = field(default_factory=list)
     request_ids: list[str | None] = field(default_factory=list)
@@ -76,6 +85,11 @@ class StubEngine:
         return {"x-instance": self.name}
 
     async def health(self, request: web.Request) -> web.Response:
+        self.health_calls += 1
+        if self.health_hang:
+            await asyncio.sleep(3600)
+        if self.health_status is not None:
+            return web.Response(status=self.health_status, headers=self._hdr())
         ready = time.monotonic() - self.started >= self.ready_after_s
         return web.Response(status=200 if ready else 503, headers=self._hdr())
 
@@ -118,7 +132,8 @@ class StubEngine:
             if self.faults.added_latency_ms:
                 await asyncio.sleep(self.faults.added_latency_ms / 1000)
             if self.faults.error_rate and random.random() < self.faults.error_rate:
-                return web.json_response({"error": {"message": "injected fault"}}, status=500, headers=self._hdr())
+                return web.json_response(error_body("injected fault", 500, "InternalServerError"), status=500,
+                                         headers=self._hdr())
             chat = request.path.endswith("/chat/completions")
             if self.role == "prefill":
                 return self._prefill_answer(req, chat)
@@ -134,7 +149,7 @@ class StubEngine:
     def _prefill_answer(self, req: dict[str, Any], chat: bool) -> web.Response:
         kv = req.get("kv_transfer_params") or {}
         if not kv.get("do_remote_decode") or req.get("max_tokens") != 1 or req.get("stream"):
-            return web.json_response({"error": {"message": "not a PD prefill request"}}, status=400)
+            return web.json_response(error_body("not a PD prefill request", 400), status=400)
         n = len(self.requests)
         body = {
             "id": f"cmpl-{self.name}-{n}", "object": "chat.completion" if chat else "text_completion",
@@ -164,7 +179,7 @@ class StubEngine:
     async def _decode_answer(self, request: web.Request, req: dict[str, Any], chat: bool) -> web.StreamResponse:
         kv = req.get("kv_transfer_params") or {}
         if not kv.get("do_remote_prefill"):
-            return web.json_response({"error": {"message": "decode needs kv_transfer_params"}}, status=400)
+            return web.json_response(error_body("decode needs kv_transfer_params", 400), status=400)
         max_tokens = int(req.get("max_tokens", 16))
         recompute_at = self.recompute_after
         if recompute_at is not None:

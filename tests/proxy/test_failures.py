@@ -134,10 +134,14 @@ async def test_slow_instance_is_ejected_and_readmitted(stubs, proxy, http):
     state = px.pool.get("p-slow")
     assert not state.routable(time.monotonic())
     async with http.get(px.url + "/metrics") as resp:
-        assert 'ascend_proxy_ejections_total{instance="p-slow",reason="failures",role="prefill"} 1.0' in (
+        assert 'ascend_proxy_ejections_total{instance="p-slow",reason="consecutive_errors",role="prefill"} 1.0' in (
             await resp.text())
     slow.engine.faults.added_latency_ms = 0
-    await asyncio.sleep(0.7)
+    # re-admitted after the ejection time and a passing health check
+    for _ in range(200):
+        if state.routable(time.monotonic()):
+            break
+        await asyncio.sleep(0.05)
     assert state.routable(time.monotonic())
     used = []
     for _ in range(6):

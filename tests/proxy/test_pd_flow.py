@@ -103,7 +103,7 @@ async def test_metrics_exposed(stubs, proxy, http):
         await resp.read()
     async with http.get(px.url + "/metrics") as resp:
         text = await resp.text()
-    assert 'ascend_proxy_requests_total{endpoint="/v1/completions",outcome="success"} 1.0' in text
+    assert 'ascend_proxy_requests_total{endpoint="/v1/completions",outcome="success",status="200"} 1.0' in text
     assert 'ascend_proxy_routing_decisions_total{instance="d0",role="decode"} 1.0' in text
     assert "ascend_proxy_ttft_seconds_count 1.0" in text
     assert "ascend_proxy_itl_seconds_count" in text

@@ -178,6 +178,7 @@ async def test_each_attempt_id_is_logged_with_the_client_id(stubs, proxy, http, 
 # ---------------------------------------------------------------- against the simulator
 sim_server = pytest.importorskip("ascend_runtime.sim.server")
 sim_config = pytest.importorskip("ascend_runtime.sim.config")
+SIM_ADMIN_TOKEN = "request-ids-sim-admin-token"
 
 
 @pytest.fixture
@@ -186,7 +187,8 @@ async def sims() -> AsyncIterator[Any]:
 
     async def start(role: str, name: str) -> Any:
         h = await sim_server.start_simulator(sim_config.SimConfig(role=role, instance=name, port=0, kv_port=0,
-                                                                  speedup=100.0, exit_on_fault=False))
+                                                                  speedup=100.0, exit_on_fault=False,
+                                                                  admin_token=SIM_ADMIN_TOKEN))
         handles.append(h)
         return h
 
@@ -196,7 +198,8 @@ async def sims() -> AsyncIterator[Any]:
 
 
 async def _fail_all(http: aiohttp.ClientSession, sim: Any) -> None:
-    async with http.post(sim.url + "/admin/faults", json={"error_rate": 1.0}) as resp:
+    async with http.post(sim.url + "/admin/faults", json={"error_rate": 1.0},
+                         headers={"Authorization": f"Bearer {SIM_ADMIN_TOKEN}"}) as resp:
         assert resp.status == 200
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ascend_runtime.proxy.config import RoutingWeights
+from ascend_runtime.proxy.config import OutlierPolicy, RoutingWeights
 from ascend_runtime.proxy.health import parse_vllm_load
 from ascend_runtime.proxy.instances import (
     InstanceSpec,
@@ -73,32 +73,61 @@ def test_ties_rotate():
     assert {pool.pick("decode").name for _ in range(4)} == {"a", "b"}
 
 
-def test_ejection_after_failures_and_readmission():
+def test_ejection_backoff_readmission_and_cap():
     clock = Clock()
     events = []
-    pool = _pool(InstanceSpec("a", "decode", "http://a:1"), clock=clock, eject_after=2, eject_duration_s=5,
-                 on_event=lambda k, s, r: events.append((k, s.name)))
+    policy = OutlierPolicy(consecutive_errors=2, base_s=5, max_s=12)
+    pool = _pool(InstanceSpec("a", "decode", "http://a:1"), InstanceSpec("b", "decode", "http://b:1"), clock=clock,
+                 policy=policy, on_event=lambda k, s, r: events.append((k, s.name, r)))
+    a, b = pool.get("a"), pool.get("b")
+    pool.record_failure(a, "timeout")
+    assert a.routable(clock())
+    pool.record_failure(a, "timeout")
+    assert not a.routable(clock()) and ("eject", "a", "consecutive_errors") in events
+    assert pool.pick("decode") is b
+    clock.t += 5.1  # no active checks: re-admitted once the ejection time is over
+    assert a.routable(clock()) is False and pool.pick("decode", exclude=["b"]) is a
+    assert ("readmit", "a", "ejection time over") in events
+    pool.record_failure(a, "timeout")
+    assert a.routable(clock())  # evidence was reset on ejection: one failure is not enough
+    pool.record_failure(a, "timeout")
+    assert a.ejected and a.ejected_until - clock() == pytest.approx(10)  # second ejection: base x 2
+    clock.t += 10.1
+    pool.pick("decode")
+    for _ in range(2):
+        pool.record_failure(a, "timeout")
+    assert a.ejected_until - clock() == pytest.approx(12)  # capped at max_s
+    # b is now the last one up: its outlier evidence keeps it in rotation (panic routing, counted)
+    pool.record_failure(b, "500")
+    pool.record_failure(b, "500")
+    assert not b.ejected and b.outlier and ("eject_skipped", "b", "consecutive_errors") in events
+    assert pool.pick("decode") is b and ("panic", "b", "outlier") in events
+    pool.record_success(b)
+    assert not b.outlier
+    # a refused connection means down: not capped, and never a panic target
+    pool.record_failure(b, "refused", hard=True)
+    assert b.down
+    with pytest.raises(NoInstanceError):
+        pool.pick("decode", exclude=["a"])
+
+
+def test_active_checks_confirm_slow_is_not_failed():
+    clock = Clock()
+    pool = _pool(InstanceSpec("a", "decode", "http://a:1"), clock=clock, active_checks=True,
+                 policy=OutlierPolicy(health_failures=2, base_s=1))
     a = pool.get("a")
-    pool.record_failure(a, "timeout")
-    assert a.routable(clock())
-    pool.record_failure(a, "timeout")
-    assert not a.routable(clock())
-    with pytest.raises(NoInstanceError, match="ejected"):
+    for _ in range(10):
+        pool.record_health(a, False, "/health timed out", slow=True)
+    assert a.routable(clock()) and a.slow_checks == 10
+    pool.record_failure(a, "500")  # failing real traffic too: a slow check now counts as failed
+    pool.record_health(a, False, "/health timed out", slow=True)
+    pool.record_health(a, False, "/health timed out", slow=True)
+    assert a.down
+    clock.t += 5
+    with pytest.raises(NoInstanceError, match="waiting for a passing health check"):
         pool.pick("decode")
-    clock.t += 5.1
-    assert pool.pick("decode") is a
-    pool.record_failure(a, "timeout")  # one more failure right after re-admission ejects again
-    assert not a.routable(clock())
-    clock.t += 6
-    pool.record_success(a)
-    pool.record_failure(a, "timeout")
-    assert a.routable(clock())
-    pool.record_failure(a, "refused", hard=True)
-    clock.t += 6
-    assert not a.routable(clock())  # unreachable: waits for a passing health check
     pool.record_health(a, True)
-    assert a.routable(clock())
-    assert ("eject", "a") in events and ("readmit", "a") in events
+    assert pool.pick("decode") is a
 
 
 def test_remove_waits_for_inflight_and_sync():

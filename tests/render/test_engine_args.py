@@ -8,8 +8,7 @@ import pytest
 
 from ascend_runtime.config.errors import ConfigError
 from ascend_runtime.planner import Plan
-from ascend_runtime.planner.versions import llmdd_rpc_port_env
-from ascend_runtime.render.engine_args import VERSION_TABLE, engine_command, engine_release
+from ascend_runtime.render.engine_args import engine_command
 
 
 def flags(argv: list[str]) -> dict[str, str | bool]:
@@ -29,37 +28,50 @@ def flags(argv: list[str]) -> dict[str, str | bool]:
     return out
 
 
-def test_recipe_a2_4_nodes_llmdatadist(plans: dict[str, Plan]) -> None:
-    """Recipe followed: "Published recipe, DeepSeek-R1 W8A8 on 4 A2 nodes: prefill DP2-TP8-EP16,
-    decode DP4-TP4-EP16; decode --max-num-batched-tokens equal to --max-num-seqs"
-    (vllm-ascend examples/disaggregated_prefill_v1/README.md). The kind stack has that shape."""
+def test_recipe_a2_4_nodes_mooncake(plans: dict[str, Plan]) -> None:
+    """Recipe followed: DeepSeek-R1 W8A8 on 4 A2 nodes, prefill DP2-TP8-EP16, decode DP4-TP4-EP16, with the
+    Mooncake kv-transfer-config and FULL_DECODE_ONLY decode graphs of vllm-ascend v0.23.0
+    (docs/source/tutorials/models/DeepSeek-V3.1.md, "Multi-Node PD Separation"). The kind stack has that shape."""
     plan = plans["kind"]
     p0, p1 = plan.by_role("prefill")[0].ranks
     d0, d1 = plan.by_role("decode")[0].ranks
     fp0, fp1, fd0, fd1 = (flags(engine_command(plan, r)) for r in (p0, p1, d0, d1))
-    # P1 / P2
     assert engine_command(plan, p0)[:2] == ["vllm", "serve"]
     for f in (fp0, fp1):
         assert (f["--data-parallel-size"], f["--data-parallel-size-local"], f["--tensor-parallel-size"]) == ("2", "1", "8")
         assert f["--enable-expert-parallel"] is True and f["--enforce-eager"] is True
         assert f["--data-parallel-address"] == p0.host_ip and f["--trust-remote-code"] is True
         kv = json.loads(str(f["--kv-transfer-config"]))
-        assert kv["kv_connector"] == "LLMDataDistCMgrConnector" and kv["kv_role"] == "kv_producer"
-        assert kv["kv_connector_module_path"] == "vllm_ascend.distributed.llmdatadist_c_mgr_connector"
-        assert kv["kv_buffer_device"] == "npu" and kv["kv_parallel_size"] == 1
-        assert "kv_connector_extra_config" not in kv
-    assert "--headless" not in fp0 and "--data-parallel-start-rank" not in fp0
-    assert fp1["--headless"] is True and fp1["--data-parallel-start-rank"] == "1"
+        assert kv["kv_connector"] == "MooncakeConnectorV1" and kv["kv_role"] == "kv_producer"
+        assert kv["kv_connector_module_path"] == "vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector"
+        assert kv["kv_connector_extra_config"] == {"prefill": {"dp_size": 2, "tp_size": 8}, "decode": {"dp_size": 4, "tp_size": 4}}
+        assert json.loads(str(f["--additional-config"]))["enable_flashcomm1"] is True
+    assert "--headless" not in fp0 and "--data-parallel-start-rank" not in fp0 and fp0["--api-server-count"] == "1"
+    assert fp1["--headless"] is True and fp1["--data-parallel-start-rank"] == "1" and "--port" not in fp1
     assert fp0["--data-parallel-rpc-port"] == fp1["--data-parallel-rpc-port"]
-    # D1 / D2
     for f in (fd0, fd1):
         assert (f["--data-parallel-size"], f["--data-parallel-size-local"], f["--tensor-parallel-size"]) == ("4", "2", "4")
-        assert f["--max-num-batched-tokens"] == f["--max-num-seqs"]
         assert "--enforce-eager" not in f
-        assert json.loads(str(f["--additional-config"])) == {"torchair_graph_config": {"enabled": True}}
+        assert json.loads(str(f["--compilation-config"])) == {"cudagraph_mode": "FULL_DECODE_ONLY"}
+        extra = json.loads(str(f["--additional-config"]))
+        assert extra["recompute_scheduler_enable"] is True and extra["weight_nz_mode"] == 1
         assert json.loads(str(f["--kv-transfer-config"]))["kv_role"] == "kv_consumer"
         assert f["--data-parallel-address"] == d0.host_ip
     assert fd1["--headless"] is True and fd1["--data-parallel-start-rank"] == "2"
+
+
+def test_llmdatadist_dialect_on_0_11(edited_plan) -> None:
+    """0.11.0 still ships LLMDataDistCMgrConnector (vllm_ascend/distributed/__init__.py, v0.11.0): torchair graphs,
+    the PD rank table env and the RPC port env under 0.11's names."""
+    plan = edited_plan("kind", lambda c: c["engine"].update(vllm_ascend_version="0.11.0", kv_connector="llmdatadist"))
+    d0 = plan.by_role("decode")[0].ranks[0]
+    f = flags(engine_command(plan, d0))
+    kv = json.loads(str(f["--kv-transfer-config"]))
+    assert kv["kv_connector"] == "LLMDataDistCMgrConnector"
+    assert kv["kv_connector_module_path"] == "vllm_ascend.distributed.llmdatadist_c_mgr_connector"
+    assert "kv_connector_extra_config" not in kv
+    assert json.loads(str(f["--additional-config"]))["torchair_graph_config"] == {"enabled": True}
+    assert "--compilation-config" not in f
 
 
 def test_recipe_large_ep_a3_mooncake(plans: dict[str, Plan]) -> None:
@@ -83,7 +95,7 @@ def test_recipe_large_ep_a3_mooncake(plans: dict[str, Plan]) -> None:
             assert f["--data-parallel-start-rank"] == str(16 * k)
         kv = json.loads(str(f["--kv-transfer-config"]))
         assert kv["kv_connector"] == "MooncakeConnectorV1" and kv["kv_role"] == "kv_consumer"
-        assert kv["kv_connector_module_path"] == "vllm_ascend.distributed.mooncake_connector"
+        assert kv["kv_connector_module_path"] == "vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector"
         assert kv["kv_connector_extra_config"] == {
             "prefill": {"dp_size": 2, "tp_size": 8},
             "decode": {"dp_size": 64, "tp_size": 1},
@@ -94,37 +106,9 @@ def test_recipe_large_ep_a3_mooncake(plans: dict[str, Plan]) -> None:
     assert len(all_ids) == len(set(all_ids)), "engine_id must be unique"
 
 
-def test_mooncake_kv_ports_leave_room_per_node(plans: dict[str, Plan]) -> None:
-    """Each node uses kv_port .. kv_port + its devices; ranges on one host never overlap."""
-    plan = plans["cm384-prod"]
-    by_host: dict[str, list[range]] = {}
-    for rank in plan.ranks:
-        kv = json.loads(str(flags(engine_command(plan, rank))["--kv-transfer-config"]))
-        assert rank.kv_port_count >= len(rank.devices)
-        by_host.setdefault(rank.host_ip, []).append(range(int(kv["kv_port"]), int(kv["kv_port"]) + rank.kv_port_count))
-    for spans in by_host.values():
-        ports = [p for s in spans for p in s]
-        assert len(ports) == len(set(ports))
-
-
 def test_mooncake_rejects_prefill_tp_below_decode_tp(edited_plan) -> None:
     with pytest.raises(ConfigError, match="prefill tp >= decode tp"):
         edited_plan("cm384-prod", lambda c: (c["prefill"].update(dp=8, tp=2), c["decode"].update(dp=16, tp=4)))
-
-
-def test_additional_config_expert_map_and_eplb(edited_plan) -> None:
-    def edit(cfg):
-        cfg["engine"].update(dynamic_eplb=True, expert_map_path="/etc/ascend-deploy/experts/map.json")
-
-    plan = edited_plan("cm384-prod", edit)
-    decode = plan.by_role("decode")[0]
-    extra = json.loads(str(flags(engine_command(plan, decode.ranks[0]))["--additional-config"]))
-    assert extra["expert_map_path"] == "/etc/ascend-deploy/experts/map.json"
-    assert extra["dynamic_eplb"] is True and extra["init_redundancy_expert"] == decode.redundant_experts
-    assert extra["torchair_graph_config"] == {"enabled": True}
-    newer = edited_plan("cm384-prod", lambda c: (edit(c), c["engine"].update(vllm_ascend_version="0.13.0")))
-    extra = json.loads(str(flags(engine_command(newer, newer.ranks[0]))["--additional-config"]))
-    assert extra["eplb_config"]["dynamic_eplb"] is True and "dynamic_eplb" not in extra
 
 
 def test_mtp_and_quantization_follow_the_stack(plans: dict[str, Plan], edited_plan) -> None:
@@ -134,12 +118,3 @@ def test_mtp_and_quantization_follow_the_stack(plans: dict[str, Plan], edited_pl
     assert json.loads(str(a2["--speculative-config"]))["method"] == "deepseek_mtp"
     plan = edited_plan("kind", lambda c: c["engine"].update(extra_args=["--no-enable-prefix-caching"]))
     assert engine_command(plan, plan.ranks[0])[-1] == "--no-enable-prefix-caching"
-
-
-def test_version_table_is_contiguous_and_agrees_with_planner() -> None:
-    for before, after in zip(VERSION_TABLE, VERSION_TABLE[1:]):
-        assert before.last < after.first
-    for text in ("0.9.1", "0.10.0", "0.10.1", "0.11.0", "0.12.0"):
-        assert engine_release(text).llmdd_rpc_port_env == llmdd_rpc_port_env(text)
-    assert {c.dialect for c in engine_release("0.11.0").connectors} == {"llmdatadist", "mooncake"}
-    assert {c.dialect for c in engine_release("0.13.0").connectors} == {"mooncake"}

@@ -6,7 +6,7 @@ import pytest
 
 from ascend_runtime.planner import Plan
 from ascend_runtime.render.environment import PINNED, rank_env
-from ascend_runtime.render.ranktables import PD_TABLE, rank_tables, ranktables_for_rank
+from ascend_runtime.render.ranktables import PD_TABLE, instance_table_name, rank_tables
 
 STACKS = ("a2-staging", "cm384-prod", "kind", "local")
 
@@ -22,7 +22,7 @@ def test_table_env_and_plan_agree_for_every_rank(plans: dict[str, Plan], stack: 
         visible = [int(x) for x in env["ASCEND_RT_VISIBLE_DEVICES"].split(",")]
         assert visible == list(rank.device_ids)
         assert env["HCCL_IF_IP"] == rank.host_ip == node_ip[rank.node]
-        table = tables[ranktables_for_rank(plan, rank)[0]]
+        table = tables[instance_table_name(rank.instance)]
         (server,) = [s for s in table["server_list"] if s["server_id"] == env["HCCL_IF_IP"]]
         assert [int(d["device_id"]) for d in server["device"]] == visible
         assert [d["device_ip"] for d in server["device"]] == [d.device_ip for d in rank.devices]
@@ -49,19 +49,22 @@ def test_hccl_basics(plans: dict[str, Plan], stack: str) -> None:
         assert env["HCCL_OP_EXPANSION_MODE"] == "AIV"
         assert env["OMP_PROC_BIND"] == "false" and int(env["OMP_NUM_THREADS"]) > 0
         assert env["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:True"
-        assert env["TASK_QUEUE_ENABLE"] == "1" and env["VLLM_USE_V1"] == "1"
-        assert "DYNAMIC_EPLB" not in env
+        assert env["TASK_QUEUE_ENABLE"] == "1"
+        assert "VLLM_USE_V1" not in env  # vLLM 0.23 has no V0 engine and no such switch (vllm/envs.py)
+        assert ("DYNAMIC_EPLB" in env) == bool(plan.config[rank.role].get("eplb"))
         assert list(env) == sorted(env)
 
 
-def test_llmdatadist_env_names_per_version(plans: dict[str, Plan], edited_plan) -> None:
-    plan = plans["a2-staging"]  # 0.9.1: VLLM_LLMDD_RPC_PORT
+def test_llmdatadist_env_names_on_0_11(plans: dict[str, Plan], edited_plan) -> None:
+    plan = edited_plan("a2-staging", lambda c: (
+        c["engine"].update(vllm_ascend_version="0.11.0", kv_connector="llmdatadist"),
+        c["prefill"].pop("eplb"),
+        c["decode"].update(max_num_batched_tokens=256),
+    ))
     env = rank_env(plan, plan.ranks[0])
     assert env["DISAGGREGATED_PREFILL_RANK_TABLE_PATH"] == "/etc/ascend-deploy/ranktables/pd-llmdatadist.json"
-    assert env["VLLM_LLMDD_RPC_PORT"] == str(plan.instances[0].llmdd_rpc_port)
-    newer = edited_plan("a2-staging", lambda c: c["engine"].update(vllm_ascend_version="0.10.1"))
-    env = rank_env(newer, newer.ranks[0])
-    assert "VLLM_LLMDD_RPC_PORT" not in env and env["VLLM_ASCEND_LLMDD_RPC_PORT"] == "5557"
+    assert env["VLLM_ASCEND_LLMDD_RPC_PORT"] == str(plan.instances[0].llmdd_rpc_port)
+    assert env["VLLM_USE_V1"] == "1"  # still read by vLLM 0.11 (vllm/envs.py)
     mooncake = rank_env(plans["cm384-prod"], plans["cm384-prod"].ranks[0])
     assert not {"DISAGGREGATED_PREFILL_RANK_TABLE_PATH", "VLLM_ASCEND_LLMDD_RPC_PORT"} & set(mooncake)
 
@@ -81,31 +84,30 @@ def test_overrides_buffsize_intra_and_extra_env(edited_plan) -> None:
     assert decode["HCCL_IF_IP"] != "10.0.0.1" and "HCCL_IF_IP" in PINNED
 
 
-def test_dynamic_eplb_sets_env(edited_plan) -> None:
-    plan = edited_plan("cm384-prod", lambda c: c["engine"].update(dynamic_eplb=True))
-    assert all(rank_env(plan, r)["DYNAMIC_EPLB"] == "true" for r in plan.ranks)
-
-
-def test_moe_switches_all2all_on_cm384(edited_plan) -> None:
-    """All2All on CM384 where the version reads the switch (0.9.1 .. 0.10.0)."""
-    plan = edited_plan(
-        "cm384-prod", lambda c: c["engine"].update(vllm_ascend_version="0.9.1", kv_connector="llmdatadist")
-    )
+def test_eplb_stage_sets_env_on_its_ranks_only(plans: dict[str, Plan]) -> None:
+    plan = plans["cm384-prod"]  # prefill has eplb, decode has none
     for rank in plan.ranks:
-        assert rank_env(plan, rank)["VLLM_ASCEND_ENABLE_MOE_ALL2ALL_SEQ"] == "1"
+        assert rank_env(plan, rank).get("DYNAMIC_EPLB") == ("true" if rank.role == "prefill" else None)
 
 
-def test_moe_switches_fused_mc2_decode_and_mlapo_decode_only(plans: dict[str, Plan], edited_plan) -> None:
-    a2 = edited_plan("a2-staging", lambda c: c["engine"].update(vllm_ascend_version="0.12.0", kv_connector="mooncake"))
+def test_operator_switches_per_release(plans: dict[str, Plan], edited_plan) -> None:
+    a2 = plans["a2-staging"]  # 0.23 on MC2 hardware: fused MC2 (2) and MLAPO on decode only
     for rank in a2.ranks:
         env = rank_env(a2, rank)
         assert env["VLLM_ASCEND_ENABLE_FUSED_MC2"] == ("2" if rank.role == "decode" else "0")
         assert env["VLLM_ASCEND_ENABLE_MLAPO"] == ("1" if rank.role == "decode" else "0")
-        assert "VLLM_ASCEND_ENABLE_MOE_ALL2ALL_SEQ" not in env
-    cm = plans["cm384-prod"]  # 0.11.0 on all2all hardware: no fused MC2 anywhere, MLAPO on decode only
+        assert "VLLM_ASCEND_ENABLE_FLASHCOMM1" not in env  # 0.23 takes enable_flashcomm1 in --additional-config
+    cm = plans["cm384-prod"]  # all2all hardware: no fused MC2 anywhere
     for rank in cm.ranks:
         env = rank_env(cm, rank)
-        assert env.get("VLLM_ASCEND_ENABLE_FUSED_MC2", "0") == "0"
+        assert env["VLLM_ASCEND_ENABLE_FUSED_MC2"] == "0"
         assert env["VLLM_ASCEND_ENABLE_MLAPO"] == ("1" if rank.role == "decode" else "0")
-    old = plans["a2-staging"]  # 0.9.1 reads neither switch
-    assert not {"VLLM_ASCEND_ENABLE_FUSED_MC2", "VLLM_ASCEND_ENABLE_MLAPO"} & set(rank_env(old, old.ranks[-1]))
+    old = edited_plan("a2-staging", lambda c: (
+        c["engine"].update(vllm_ascend_version="0.11.0"), c["prefill"].pop("eplb"),
+        c["decode"].update(max_num_batched_tokens=256),
+    ))
+    for rank in old.ranks:  # 0.11 has no fused MC2 switch; FlashComm1 is an env var there
+        env = rank_env(old, rank)
+        assert "VLLM_ASCEND_ENABLE_FUSED_MC2" not in env
+        if rank.role == "prefill":
+            assert env["VLLM_ASCEND_ENABLE_FLASHCOMM1"] == "1"

@@ -1,4 +1,5 @@
-"""Entrypoint scripts: syntax, shellcheck, the rank guard and the whole-instance restart watcher."""
+"""Entrypoint scripts: syntax, shellcheck, the rank guard, the whole-instance restart watcher of per-rank
+scripts, and the one worker script of a LeaderWorkerSet instance."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from pathlib import Path
 import pytest
 
 from ascend_runtime.planner import Plan
-from ascend_runtime.render.launch import hccn_conf, launch_script, leader_watch_script
+from ascend_runtime.render.launch import (
+    hccn_conf,
+    launch_script,
+    leader_watch_script,
+    worker_launch_script,
+    worker_script_name,
+)
 from ascend_runtime.render.paths import LEADER_WATCH
 
 STACKS = ("a2-staging", "cm384-prod", "kind", "local")
@@ -27,6 +34,11 @@ def _write_scripts(plan: Plan, directory: Path) -> list[Path]:
         paths.append(path)
     (directory / LEADER_WATCH).write_text(leader_watch_script())
     paths.append(directory / LEADER_WATCH)
+    for inst in plan.instances:
+        if len(inst.ranks) > 1:  # every committed stack's multi-node instance runs under a LeaderWorkerSet
+            path = directory / worker_script_name(inst)
+            path.write_text(worker_launch_script(plan, inst))
+            paths.append(path)
     return paths
 
 
@@ -51,6 +63,21 @@ def test_script_exports_env_and_argv_verbatim(plans: dict[str, Plan]) -> None:
     assert "'{\"method\":\"deepseek_mtp\",\"num_speculative_tokens\":1}'" in text
     assert "--headless" in text and "exec \"${engine_cmd[@]}\"" not in text
     assert "exec \"${engine_cmd[@]}\"" in launch_script(plan, plan.ranks[0])
+
+
+def test_worker_script_takes_its_rank_at_run_time(plans: dict[str, Plan]) -> None:
+    """One script for every headless rank: no rank's start rank, engine_id or node IP is baked in."""
+    plan = plans["cm384-prod"]
+    inst = plan.instance("decode-0")
+    text = worker_launch_script(plan, inst)
+    assert '"$DP_START_RANK"' in text and "readonly DP_START_RANK=$((worker_index * DP_LOCAL))" in text
+    assert "\"engine_id\":\"cm384-prod-decode-0-'\"$worker_index\"'\"" in text
+    for rank in inst.ranks[1:]:
+        assert rank.engine_id not in text and f"  {rank.node})\n    export HCCL_IF_IP={rank.host_ip}\n" in text
+    assert f"export HCCL_IF_IP={inst.ranks[0].host_ip}" not in text  # the leader's node is not a worker node
+    assert "--headless" in text and 'exec "${engine_cmd[@]}"' in text
+    assert "leader-watch" not in text and "watch_leader" not in text  # the LeaderWorkerSet restarts the group
+    assert text.startswith("#!/usr/bin/env bash\n# decode-0-worker.sh: ")
 
 
 def _fake_vllm(bin_dir: Path, log: Path, exit_after: float | None = None) -> None:

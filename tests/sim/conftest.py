@@ -12,6 +12,8 @@ from ascend_runtime.sim.config import SimConfig
 from ascend_runtime.sim.server import SimHandle, start_simulator
 
 Starter = Callable[..., Awaitable[SimHandle]]
+#: Admin bearer token of the fixtures' simulators; the ``http`` session sends it.
+ADMIN_TOKEN = "sim-test-admin-token"
 
 
 @pytest.fixture
@@ -21,7 +23,7 @@ async def sim() -> AsyncIterator[Starter]:
 
     async def start(**overrides: Any) -> SimHandle:
         fields: dict[str, Any] = dict(role="decode", instance=f"sim{len(handles)}", port=0, kv_port=0, speedup=100.0,
-                                      exit_on_fault=False)
+                                      exit_on_fault=False, admin_token=ADMIN_TOKEN)
         fields.update(overrides)
         h = await start_simulator(SimConfig(**fields))
         handles.append(h)
@@ -34,6 +36,7 @@ async def sim() -> AsyncIterator[Starter]:
 
 @pytest.fixture
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    """A client session with no connection limit."""
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+    """A client session with no connection limit that authenticates to the simulators' admin API."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as s:
         yield s

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import sys
 import aiohttp
 
 from ascend_runtime.config.model import ModelShape
+
+ADMIN_TOKEN = "cli-test-admin-token"
 
 
 def free_port() -> int:
@@ -21,8 +24,8 @@ def free_port() -> int:
 def launch(role: str, name: str, port: int, kv_port: int) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "ascend_runtime", "sim", "--role", role, "--instance", name, "--host", "127.0.0.1",
-         "--port", str(port), "--kv-port", str(kv_port), "--speedup", "100"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         "--port", str(port), "--kv-port", str(kv_port), "--speedup", "100", "--admin-token-env", "SIM_ADMIN_TOKEN"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "SIM_ADMIN_TOKEN": ADMIN_TOKEN})
 
 
 async def wait_healthy(http: aiohttp.ClientSession, url: str) -> None:
@@ -54,6 +57,9 @@ async def test_pd_round_trip_between_processes(http):
             assert int(r.headers["x-kv-modelled-bytes"]) == 300 * ModelShape().kv_bytes_per_token()
             assert (await r.json())["usage"]["completion_tokens"] == 3
         async with http.post(f"{d}/admin/faults", json={"exit": True}) as r:
+            assert r.status == 401  # the session carries another token: no fault
+        async with http.post(f"{d}/admin/faults", json={"exit": True},
+                             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as r:
             assert r.status == 200
         assert procs[1].wait(timeout=10) != 0
     finally:

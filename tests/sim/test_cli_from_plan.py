@@ -25,7 +25,7 @@ def test_stack_option_takes_the_plan_and_converts_the_link_rate() -> None:
     config = config_from_args(args)
     inst = plan.instance("decode-1")
     assert (config.role, config.host, config.port, config.kv_port) == ("decode", inst.api_host, inst.api_port, inst.ranks[0].kv_port)
-    assert (config.npus, config.dp, config.ep, config.redundant_experts) == (32, 32, 32, 32)
+    assert (config.npus, config.dp, config.ep, config.redundant_experts) == (32, 32, 32, inst.redundant_experts)
     assert config.link_gbps == plan.config["simulator"]["link_gbps"] * 8  # stack GB/s -> simulator Gbit/s
 
 

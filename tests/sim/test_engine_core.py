@@ -50,7 +50,7 @@ async def test_chunked_prefill_is_fcfs_per_rank_within_the_token_budget():
     assert (a.computed, b.computed, c.computed) == (700, 500, 100)
     assert (a.generated, b.generated, c.generated) == (2, 1, 1) and a.finished and not b.finished
     assert e.tokens_prefilled == 1300 and e.tokens_generated == 4
-    assert e.metrics.success == {"length": 1} and e.num_running == 2
+    assert e.metrics.success_totals() == {"length": 1} and e.num_running == 2
 
 
 async def test_admission_spreads_over_ranks_and_reserves_kv():

@@ -74,7 +74,7 @@ async def test_expert_map_validation(sim, http):
     for expect, doc in cases.items():
         async with http.post(f"{h.url}/admin/expert_map", json=doc) as r:
             assert r.status == 400, expect
-            assert expect in (await r.json())["message"], expect
+            assert expect in (await r.json())["error"]["message"], expect
     async with http.get(f"{h.url}/admin/expert_map") as r:
         assert await r.json() == good  # rejected maps leave the placement alone
 

@@ -40,7 +40,8 @@ async def test_completion_non_streaming_counts_words(sim, http):
         assert r.status == 200
         assert r.headers["x-instance"] == "d-api"
         body = await r.json()
-    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9}
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9,
+                             "prompt_tokens_details": None}
     assert len(body["choices"][0]["text"].split()) == 5
     assert body["choices"][0]["finish_reason"] == "length"
 
@@ -54,8 +55,9 @@ async def test_chat_streaming_with_usage(sim, http):
         assert r.headers["Content-Type"].startswith("text/event-stream")
         events = await read_sse(r)
     content = [e for e in events if e["choices"]]
-    assert len(content) == 7
-    assert content[0]["choices"][0]["delta"]["role"] == "assistant"
+    # vLLM sends a role-only chunk first (chat_completion/serving.py), then one chunk per token
+    assert content[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert len(content) == 8 and all("role" not in e["choices"][0]["delta"] for e in content[1:])
     assert content[-1]["choices"][0]["finish_reason"] == "length"
     assert events[-1]["choices"] == []
     # 5 words + 4 per message overhead x 2 messages
@@ -67,8 +69,9 @@ async def test_bad_requests_are_400(sim, http):
     for body in ({"prompt": "x", "max_tokens": 0}, {"prompt": "x", "model": "other"},
                  {"prompt": "x", "max_tokens": 2, "min_tokens": 3}, {"prompt": "x", "max_tokens": 40000}):
         async with http.post(f"{h.url}/v1/completions", json=body) as r:
-            assert r.status == 400, body
-            assert (await r.json())["object"] == "error"
+            assert r.status == (404 if "model" in body else 400), body
+            err = (await r.json())["error"]
+            assert set(err) == {"message", "type", "param", "code"} and err["code"] == r.status
 
 
 async def test_models_and_health_after_startup_delay(sim, http):

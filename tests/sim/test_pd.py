@@ -46,7 +46,7 @@ async def test_pd_round_trip_moves_modelled_kv_bytes(sim, http):
     # blocks are freed once pulled: a second pull is refused cleanly
     async with http.post(f"{d.url}/v1/completions", json=body) as r:
         assert r.status == 400
-        assert "unknown or expired block ids" in (await r.json())["message"]
+        assert "unknown or expired block ids" in (await r.json())["error"]["message"]
 
 
 async def test_kv_transfer_is_throttled_to_link_rate(sim, http):
@@ -71,7 +71,7 @@ async def test_expired_block_ids_fail_cleanly(sim, http):
     async with http.post(f"{d.url}/v1/completions", json={"prompt": "a b c d", "kv_transfer_params": kv}) as r:
         assert r.status == 400
         err = await r.json()
-    assert "unknown or expired block ids" in err["message"]
+    assert "unknown or expired block ids" in err["error"]["message"]
     async with http.get(f"{p.url}/admin/stats") as r:
         assert (await r.json())["kv_blocks_expired"] == 1
     # the decode still serves other requests
@@ -85,7 +85,7 @@ async def test_unknown_engine_and_unreachable_kv_port(sim, http):
     kv = dict((await prefill(http, p, "x y"))["kv_transfer_params"], remote_engine_id="someone-else")
     async with http.post(f"{d.url}/v1/completions", json={"prompt": "x y", "kv_transfer_params": kv}) as r:
         assert r.status == 400
-        assert "someone-else" in (await r.json())["message"]
+        assert "someone-else" in (await r.json())["error"]["message"]
     kv["remote_port"] = 1  # nothing listens there
     async with http.post(f"{d.url}/v1/completions", json={"prompt": "x y", "kv_transfer_params": kv}) as r:
         assert r.status == 502

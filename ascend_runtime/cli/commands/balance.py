@@ -14,21 +14,30 @@ from typing import Any
 import numpy as np
 
 
+PLAN_POLICIES = ("ours", "greedy", "swift_balancer", "flashlb")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``balance`` with sub-commands ``plan`` and ``serve``."""
     p = subparsers.add_parser("balance", help="expert load balancing: plan a map, or run the daemon")
     sub = p.add_subparsers(dest="balance_command", metavar="SUBCOMMAND")
     p.set_defaults(func=lambda a: (p.print_help(sys.stderr), 2)[1])
 
-    plan = sub.add_parser("plan", help="plan an expert map from a load file")
-    plan.add_argument("--load", required=True, help='JSON {"expert_load": [[...]]} (layers x experts, tokens)')
+    plan = sub.add_parser("plan", help="plan an expert map from a load file or a load history")
+    src = plan.add_mutually_exclusive_group(required=True)
+    src.add_argument("--load", help='JSON {"expert_load": [[...]]} (layers x experts, tokens)')
+    src.add_argument("--history", help="windows x layers x experts: a .npy file ([W, L, E] or [L, E]), or a directory "
+                                       "of dump snapshots (sub-directories of rank_<r>.json files, oldest first by name)")
     plan.add_argument("--ranks", type=int, required=True, help="EP ranks (devices) per instance")
     plan.add_argument("--slots", type=int, required=True, help="expert slots per rank")
     plan.add_argument("--groups", type=int, help="expert groups (hierarchical policy, with --nodes)")
     plan.add_argument("--nodes", type=int, help="nodes (hierarchical policy, with --groups)")
     plan.add_argument("--previous", help="expert map now in service (moves are minimised against it)")
     plan.add_argument("--min-gain", type=float, default=0.01, help="keep --previous unless balancedness gains this much (relative)")
-    plan.add_argument("--algorithm", choices=["ours", "eplb", "trivial"], default="ours")
+    plan.add_argument("--algorithm", choices=["ours", "eplb", "trivial"], default="ours",
+                      help="policy when --policy is not given (eplb = greedy)")
+    plan.add_argument("--policy", action="append", choices=list(PLAN_POLICIES), metavar="{" + ",".join(PLAN_POLICIES) + "}",
+                      help="policy to plan with (repeat to compare; the first is written to --out)")
     plan.add_argument("--out", required=True, help="where to write the vLLM-Ascend expert map (atomically)")
     plan.set_defaults(func=cmd_plan)
 
@@ -51,11 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--apply", choices=["simulator", "drain-restart", "none"], default="simulator")
     serve.add_argument("--proxy", help="proxy URL for drain-restart")
     serve.add_argument("--token-env", default="ASCEND_PROXY_TOKEN", help="env var holding the proxy admin token")
+    serve.add_argument("--sim-token-env", metavar="VAR",
+                       help="env var holding the simulators' admin bearer token (sent to every --instance URL)")
     serve.add_argument("--namespace", default="default", help="namespace of the instance pods (drain-restart)")
     serve.add_argument("--pod-selector", default="app.kubernetes.io/instance={name}",
                        help="label selector of an instance's pods; {name} is replaced")
     serve.add_argument("--dry-run", action="store_true", help="plan and report only; never publish or apply")
-    serve.add_argument("--metrics-host", default="127.0.0.1")
+    serve.add_argument("--metrics-host", default="127.0.0.1", help="metrics listen address (default 127.0.0.1)")
     serve.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics here")
     serve.add_argument("--max-cycles", type=int, help="stop after this many cycles")
     serve.add_argument("--log-level", default="INFO")
@@ -76,24 +87,86 @@ def _read_json(path: str, field: str) -> tuple[Any, int]:
         return None, _bad(field, f"{path} is not readable JSON ({exc}); fix the file")
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    """Plan a map from a load file; print balancedness before/after and moved slots."""
+def _read_history(path: str) -> tuple[np.ndarray | None, int]:
+    """``--history``: a .npy file or a directory of dump snapshots -> ``[W, L, E]``, or an exit code."""
+    from ascend_runtime.balancer.sources import DirLoadSource
+
+    p = Path(path)
+    if not p.exists():
+        return None, _bad("--history", f"{path} does not exist; give a .npy file or a directory of dump snapshots")
+    if p.is_dir():
+        snaps = sorted(d for d in p.iterdir() if d.is_dir() and any(d.glob("rank_*.json")))
+        if not snaps:
+            return None, _bad("--history", f"{path} has no sub-directories with rank_<r>.json dumps")
+        source = DirLoadSource("history", snaps[0])
+        windows = []
+        for snap in snaps:  # replay the snapshots as the daemon's dump-dir source sees them: deltas
+            source.directory = snap
+            w = source.read()
+            if w is not None:
+                windows.append(w.expert_load)
+        if not windows or len({w.shape for w in windows}) != 1:
+            return None, _bad("--history", f"{path}: no load, or snapshots of different layers x experts")
+        return np.stack(windows), 0
+    try:
+        hist = np.asarray(np.load(p, allow_pickle=False), dtype=np.float64)
+    except (OSError, ValueError) as exc:
+        return None, _bad("--history", f"{path} is not a readable .npy array ({exc})")
+    return (hist[None] if hist.ndim == 2 else hist), 0
+
+
+def _plan_one(policy: str, hist: np.ndarray, args: argparse.Namespace, previous: np.ndarray | None) -> np.ndarray:
+    """Placement ``[L, R*S]`` of ``policy`` from history ``[W, L, E]`` (what the daemon would use)."""
+    from ascend_runtime.balancer.baselines import flashlb, swift_balancer
     from ascend_runtime.balancer.eplb_greedy import eplb_greedy, trivial_placement
-    from ascend_runtime.balancer.expert_map import InvalidExpertMap, map_to_placement, placement_to_map
-    from ascend_runtime.balancer.measure import balancedness, moved_slots
+    from ascend_runtime.balancer.forecast import LoadForecaster
     from ascend_runtime.balancer.placement import PlacementConfig, plan_placement
+
+    config = PlacementConfig(min_gain=args.min_gain)
+    if policy == "ours":
+        if hist.shape[0] == 1:
+            return plan_placement(hist[0], args.ranks, args.slots, args.groups, args.nodes, previous, config=config).placement
+        fc = LoadForecaster()
+        for w in hist:
+            fc.update(w)
+        f = fc.forecast()
+        return plan_placement(f.mean, args.ranks, args.slots, args.groups, args.nodes, previous, f.std, config,
+                              holdout=f.holdout, last=f.last).placement
+    if policy == "greedy":
+        return eplb_greedy(hist[-1], args.ranks, args.slots, args.groups, args.nodes)
+    if policy == "swift_balancer":
+        return swift_balancer.place(hist, args.ranks, args.slots, previous)
+    if policy == "flashlb":
+        return flashlb.place(hist, args.ranks, args.slots, previous)
+    return trivial_placement(hist.shape[1], hist.shape[2], args.ranks, args.slots)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Plan a map from a load file or history; print balancedness on the last window and moved slots."""
+    from ascend_runtime.balancer.eplb_greedy import trivial_placement
+    from ascend_runtime.balancer.expert_map import InvalidExpertMap, map_to_placement, placement_to_map
+    from ascend_runtime.balancer.measure import balancedness, moved_slots, rank_loads
     from ascend_runtime.balancer.publish import FilePublisher
 
-    doc, rc = _read_json(args.load, "--load")
-    if rc:
-        return rc
-    try:
-        load = np.asarray(doc["expert_load"], dtype=np.float64)
-    except (TypeError, KeyError, ValueError):
-        return _bad("--load", 'expected {"expert_load": [[tokens per expert] per layer]}, a rectangular layers x experts array')
-    if load.ndim != 2 or load.size == 0 or (load < 0).any() or not np.isfinite(load).all():
-        return _bad("--load expert_load", f"must be a non-empty layers x experts array of non-negative numbers (got shape {load.shape})")
-    layers, experts = load.shape
+    if args.load:
+        doc, rc = _read_json(args.load, "--load")
+        if rc:
+            return rc
+        try:
+            load = np.asarray(doc["expert_load"], dtype=np.float64)
+        except (TypeError, KeyError, ValueError):
+            return _bad("--load", 'expected {"expert_load": [[tokens per expert] per layer]}, a rectangular layers x experts array')
+        if load.ndim != 2 or load.size == 0 or (load < 0).any() or not np.isfinite(load).all():
+            return _bad("--load expert_load", f"must be a non-empty layers x experts array of non-negative numbers (got shape {load.shape})")
+        hist = load[None]
+    else:
+        hist, rc = _read_history(args.history)
+        if rc:
+            return rc
+        if hist.ndim != 3 or hist.size == 0 or (hist < 0).any() or not np.isfinite(hist).all():
+            return _bad("--history", f"must be a non-empty windows x layers x experts array of non-negative numbers (got shape {hist.shape})")
+    last = hist[-1]
+    layers, experts = last.shape
     if args.ranks < 1 or args.slots < 1:
         return _bad("--ranks/--slots", "must be positive")
     if args.ranks * args.slots < experts:
@@ -113,16 +186,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
             return _bad("--previous", f"{exc}; give a valid map or omit --previous")
         if (p_ranks, p_slots, previous.shape[0]) != (args.ranks, args.slots, layers):
             return _bad("--previous", f"map is {previous.shape[0]} layers x {p_ranks} ranks x {p_slots} slots, expected {layers} x {args.ranks} x {args.slots}")
-    if args.algorithm == "ours":
-        res = plan_placement(load, args.ranks, args.slots, args.groups, args.nodes, previous,
-                             config=PlacementConfig(min_gain=args.min_gain))
-        placement = res.placement
-    elif args.algorithm == "eplb":
-        placement = eplb_greedy(load, args.ranks, args.slots, args.groups, args.nodes)
-    else:
-        placement = trivial_placement(layers, experts, args.ranks, args.slots)
+    policies = list(dict.fromkeys(args.policy or [{"eplb": "greedy"}.get(args.algorithm, args.algorithm)]))
+    plans: dict[str, np.ndarray] = {}
+    for policy in policies:
+        try:
+            plans[policy] = _plan_one(policy, hist, args, previous)
+        except ValueError as exc:
+            print(f"error: policy {policy}: {exc}", file=sys.stderr)
+            return 1
+    placement = plans[policies[0]]
     before_p = previous if previous is not None else trivial_placement(layers, experts, args.ranks, args.slots)
-    before, after = balancedness(before_p, load, args.ranks), balancedness(placement, load, args.ranks)
+    before, after = balancedness(before_p, last, args.ranks), balancedness(placement, last, args.ranks)
     moves = moved_slots(previous, placement, args.ranks, experts) if previous is not None else None
     try:
         FilePublisher(args.out, experts, args.ranks, args.slots).publish(placement_to_map(placement, args.ranks))
@@ -130,10 +204,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"error: refusing to write {args.out}: {exc}", file=sys.stderr)
         return 1
     label = "previous map" if previous is not None else "trivial placement"
+    print(f"history: {hist.shape[0]} window(s) x {layers} layers x {experts} experts; measured on the last window")
     print(f"balancedness before ({label}): {before:.4f}")
-    print(f"balancedness after ({args.algorithm}): {after:.4f}")
+    print(f"balancedness after ({policies[0]}): {after:.4f}")
+    for policy, plan in plans.items():
+        loads = rank_loads(plan, last, args.ranks)
+        moved = moved_slots(previous, plan, args.ranks, experts) if previous is not None else "n/a"
+        print(f"policy {policy}: balancedness {balancedness(plan, last, args.ranks):.4f} "
+              f"peak {loads.max(axis=1).sum():.1f} mean {loads.mean(axis=1).sum():.1f} (tokens, summed over layers) "
+              f"moved {moved}")
     print(f"moved slots: {moves if moves is not None else 'n/a (no --previous)'} of {placement.size}")
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} ({policies[0]})")
     return 0
 
 
@@ -145,6 +226,32 @@ def _pairs(values: list[str], flag: str) -> list[tuple[str, str]] | str:
             return f"{flag} {v!r}: expected NAME=VALUE"
         out.append((name, target))
     return out
+
+
+class _BearerSession:
+    """The daemon's client session, adding ``Authorization: Bearer <token>`` to each GET and POST."""
+
+    def __init__(self, session: Any, token: str) -> None:
+        self._session, self._auth = session, {"Authorization": f"Bearer {token}"}
+
+    def get(self, url: str, **kwargs: Any) -> Any:
+        return self._session.get(url, headers={**(kwargs.pop("headers", None) or {}), **self._auth}, **kwargs)
+
+    def post(self, url: str, **kwargs: Any) -> Any:
+        return self._session.post(url, headers={**(kwargs.pop("headers", None) or {}), **self._auth}, **kwargs)
+
+
+class _WithSimToken:
+    """An instance's load source or applier whose requests to the simulator carry its admin token."""
+
+    def __init__(self, inner: Any, token: str) -> None:
+        self.inner, self.name, self._token = inner, inner.name, token
+
+    async def collect(self, session: Any) -> Any:
+        return await self.inner.collect(_BearerSession(session, self._token))
+
+    async def apply(self, session: Any, doc: dict[str, Any]) -> Any:
+        return await self.inner.apply(_BearerSession(session, self._token), doc)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -170,6 +277,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _bad("--publish-file/--configmap", "give where to publish maps, or --dry-run")
     if args.apply == "drain-restart" and not args.proxy:
         return _bad("--proxy", "drain-restart needs the proxy URL")
+    sim_token = None
+    if args.sim_token_env:
+        sim_token = os.environ.get(args.sim_token_env)
+        if not sim_token:
+            return _bad("--sim-token-env", f"variable {args.sim_token_env} is not set or empty")
     core_api = None
     if args.configmap or args.apply == "drain-restart":
         from kubernetes import client, config as kconfig
@@ -191,9 +303,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     instances = []
     urls = dict(http)
     for name, target in [*http, *dirs]:
+        source: Any
+        applier: Any
         source = HttpLoadSource(name, target) if name in urls and target == urls[name] else DirLoadSource(name, target)
+        if sim_token and isinstance(source, HttpLoadSource):
+            source = _WithSimToken(source, sim_token)
         if args.apply == "simulator" and name in urls:
             applier = SimulatorApplier(name, urls[name])
+            if sim_token:
+                applier = _WithSimToken(applier, sim_token)
         elif args.apply == "drain-restart":
             applier = DrainRestartApplier(name, args.proxy, os.environ.get(args.token_env, ""), core_api,
                                           args.namespace, args.pod_selector.format(name=name))

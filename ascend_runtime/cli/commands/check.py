@@ -6,12 +6,9 @@ Exit codes: 0 pass, 1 a check failed, 2 invalid input (the message names the opt
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
-
-from ascend_runtime import eventloop
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -66,6 +63,8 @@ def _bad(msg: str) -> int:
 
 
 def _smoke(args: argparse.Namespace) -> int:
+    import asyncio
+
     from ascend_runtime.checks.http import EndpointError
     from ascend_runtime.checks.smoke import run_smoke
 
@@ -103,6 +102,7 @@ def _percentiles(text: str) -> tuple[float, ...]:
 
 
 def _throughput(args: argparse.Namespace) -> int:
+    from ascend_runtime import eventloop
     from ascend_runtime.checks.http import EndpointError
     from ascend_runtime.checks.loadgen import ThroughputConfig, run_throughput
     from ascend_runtime.checks.metrics import SLO

@@ -1,111 +1,223 @@
-"""`ascend-deploy up | status | down`: the local stack (simulated NPUs, real processes, real HTTP)."""
+"""`ascend-deploy up | status | down`: the local stack (simulated NPUs, real processes, real HTTP).
+
+`status` and `down` without ``--stack`` act on the local stack that is
+running (the one stack with live processes under the state root); with none
+running they say so, with several they ask for ``--stack``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-
-from ascend_runtime.cli.stackargs import add_stack_options, plan_or_exit
-from ascend_runtime.local.report import run_checks
-from ascend_runtime.local.runner import (
-    LocalStackError,
-    UpOptions,
-    bring_up,
-    status_table,
-    stop_all,
-    wait_until_interrupted,
-)
-from ascend_runtime.local.state import StackState, default_state_root
+if TYPE_CHECKING:
+    from ascend_runtime.local.state import StackState
 
 
-def _state_dir(args: argparse.Namespace) -> Path:
-    return Path(args.state_dir) if args.state_dir else default_state_root() / args.stack
+def _say(text: str, err: bool = False) -> None:
+    """Print, ignoring a terminal that has gone away (SIGHUP: the SSH session or window was closed)."""
+    try:
+        print(text, file=sys.stderr if err else sys.stdout, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    add_stack_options(parser)
-    parser.add_argument("--state-dir", metavar="DIR", help="state and logs (default ~/.local/state/ascend-deploy/<stack>)")
+def _add_common(parser: argparse.ArgumentParser, stack_required: bool) -> None:
+    from ascend_runtime.cli.stackargs import add_stack_options  # noqa: PLC0415 - only when this command runs
+
+    add_stack_options(parser, required=stack_required)
+    parser.add_argument("--state-dir", metavar="DIR",
+                        help="state and logs (default $ASCEND_DEPLOY_STATE_DIR/<stack> or ~/.local/state/ascend-deploy/<stack>)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `up`, `status` and `down`."""
     up = subparsers.add_parser("up", help="start a local stack: simulators, proxy, balancer; check it; serve",
                                description="Start the stack's Plan as local processes on loopback with simulated NPUs, "
-                               "wait until ready, run the smoke and a short throughput check, print a report, keep serving.")
-    _add_common(up)
+                               "wait until ready, run the smoke and a short throughput check, print a report, keep serving. "
+                               "Ctrl-C, SIGTERM and SIGHUP stop every process it started. Exit 0 ready and checks passed "
+                               "(or stopped by a signal while serving), 1 a port taken, a process failed, a check failed "
+                               "or was inconclusive, or interrupted before serving; 2 invalid input.")
+    _add_common(up, stack_required=True)
     up.add_argument("--detach", action="store_true", help="return once ready and checked; manage with status/down")
     up.add_argument("--no-checks", action="store_true", help="skip the smoke and throughput checks")
     up.add_argument("--num-prompts", type=int, help="throughput check prompts (default: the stack's throughput_check)")
     up.add_argument("--ready-timeout-s", type=float, default=90.0, help="seconds to wait for every process (default 90)")
     up.set_defaults(func=cmd_up)
-    status = subparsers.add_parser("status", help="show the processes of a running local stack")
-    _add_common(status)
+    status = subparsers.add_parser("status", help="show the processes of a running local stack",
+                                   description="Per process: pid, alive, /health from its own socket. Without --stack: "
+                                   "the local stack that is running. Exit 0 all healthy, 1 not running or not healthy, "
+                                   "2 unknown stack or several running.")
+    _add_common(status, stack_required=False)
     status.set_defaults(func=cmd_status)
-    down = subparsers.add_parser("down", help="stop a local stack and every process it started")
-    _add_common(down)
+    down = subparsers.add_parser("down", help="stop a local stack and every process it started",
+                                 description="Without --stack: the local stack that is running. Exit 0 stopped or not "
+                                 "running, 1 a process would not stop, 2 unknown stack or several running.")
+    _add_common(down, stack_required=False)
     down.set_defaults(func=cmd_down)
 
 
+def _stack_names(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
+    from ascend_runtime.config.loader import available_stacks, stacks_dir  # noqa: PLC0415
+
+    try:
+        directory = stacks_dir(args.stacks_dir)
+        return directory, available_stacks(directory)
+    except OSError:
+        return None, []
+
+
+def resolve_stack(args: argparse.Namespace, not_running_code: int) -> tuple[str, Path] | int:
+    """(stack, state dir) that `status`/`down` act on, or the exit code after saying why there is none."""
+    from ascend_runtime.local.runner import running_stacks  # noqa: PLC0415
+    from ascend_runtime.local.state import StackState, default_state_root  # noqa: PLC0415
+
+    if args.state_dir:
+        state_dir = Path(args.state_dir)
+        state = StackState.load(state_dir)
+        return (args.stack or (state.stack if state else state_dir.name)), state_dir
+    root = default_state_root()
+    if args.stack:
+        state_dir = root / args.stack
+        if (state_dir / "state.json").exists():
+            return args.stack, state_dir
+        directory, names = _stack_names(args)
+        if args.stack not in names:
+            running = ", ".join(running_stacks(root)) or "none"
+            _say(f"error: --stack {args.stack}: no such stack in {directory} (stacks: {', '.join(names) or 'none'}; "
+                 f"local stacks running: {running})", err=True)
+            return 2
+        return args.stack, state_dir
+    running = running_stacks(root)
+    if len(running) == 1:
+        name = next(iter(running))
+        return name, root / name
+    if not running:
+        _say(f"no local stack is running (state under {root}); start one with `ascend-deploy up --stack local`")
+        return not_running_code
+    _say(f"error: several local stacks are running: {', '.join(running)}; give --stack NAME", err=True)
+    return 2
+
+
+def _note(state_dir: Path, text: str) -> None:
+    """Append a line to <state>/logs/up.log (read it when the terminal that ran `up` is gone)."""
+    try:
+        (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        with open(state_dir / "logs" / "up.log", "a") as log:
+            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
+    except OSError:
+        pass
+
+
 def cmd_up(args: argparse.Namespace) -> int:
-    """Bring the stack up; exit 0 when ready and checks pass, 1 when a check fails, 2 on invalid input."""
+    """Bring the stack up; exit 0 when ready and checks pass, 1 when something failed, 2 on invalid input."""
+    from rich.console import Console  # noqa: PLC0415
+
+    from ascend_runtime.cli.stackargs import plan_or_exit  # noqa: PLC0415
+    from ascend_runtime.local.runner import (  # noqa: PLC0415
+        Interrupted,
+        LocalStackError,
+        SignalGuard,
+        UpOptions,
+        bring_up,
+        stop_and_forget,
+        wait_while_serving,
+    )
+    from ascend_runtime.local.state import default_state_root  # noqa: PLC0415
+
     console = Console(stderr=True)
     plan = plan_or_exit(args)
     if plan is None:
         return 2
     if plan.target != "local":
-        print(f"error: stack {plan.stack}: target is {plan.target!r}; `up` runs stacks whose target is 'local' "
-              "(use `pulumi up` for kubernetes and kind)", file=sys.stderr)
+        _say(f"error: stack {plan.stack}: target is {plan.target!r}; `up` runs stacks whose target is 'local' "
+             "(use `pulumi up` for kubernetes and kind)", err=True)
         return 2
-    state_dir = _state_dir(args)
-    try:
-        state = bring_up(plan, state_dir, UpOptions(ready_timeout_s=args.ready_timeout_s), console, args.stacks_dir)
-    except LocalStackError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"local stack {plan.stack} is up: proxy {plan.proxy_url} ({len(state.processes)} processes, state in {state_dir})")
+    state_dir = Path(args.state_dir) if args.state_dir else default_state_root() / plan.stack
+    state: StackState | None = None
+    serving = died = False
     ok = True
-    if not args.no_checks:
-        report = run_checks(plan, state_dir, args.num_prompts)
-        for line in report.lines:
-            print(line)
-        ok = report.passed
-        print("checks: PASS" if ok else "checks: FAIL")
-    if args.detach:
-        print(f"detached; `ascend-deploy status --stack {plan.stack}` and `ascend-deploy down --stack {plan.stack}`")
-        return 0 if ok else 1
-    print("serving until interrupted (Ctrl-C)")
-    why = wait_until_interrupted(state, console)
-    print(f"stopping ({why})")
-    stuck = stop_all(state)
-    StackState.clear(state_dir)
-    return 0 if ok and not stuck else 1
+    with SignalGuard() as guard:
+        try:
+            state = bring_up(plan, state_dir, UpOptions(ready_timeout_s=args.ready_timeout_s), console, args.stacks_dir)
+            _say(f"local stack {plan.stack} is up: proxy {plan.proxy_url} ({len(state.processes)} processes, state in {state_dir})")
+            if not args.no_checks:
+                from ascend_runtime.local.report import run_checks  # noqa: PLC0415
+
+                report = run_checks(plan, state_dir, args.num_prompts)
+                for line in report.lines:
+                    _say(line)
+                _say(report.verdict_line())
+                ok = report.passed
+            if args.detach:
+                _say(f"detached; `ascend-deploy status --stack {plan.stack}` and `ascend-deploy down --stack {plan.stack}`")
+                return 0 if ok else 1
+            serving = True
+            _say("serving until interrupted (Ctrl-C, SIGTERM or SIGHUP stop every process)")
+            why = wait_while_serving(state)
+            died = True
+            _say(f"stopping: {why}")
+            stuck = stop_and_forget(state, state_dir)
+            _note(state_dir, f"up: {why}; stopped {len(state.processes) - len(stuck)} processes")
+            return 1
+        except LocalStackError as exc:
+            _say(f"error: {exc}", err=True)
+            return 1
+        except BaseException as exc:
+            if guard.received is None and not isinstance(exc, Interrupted):
+                if state is not None:
+                    stop_and_forget(state, state_dir)
+                raise
+            name = guard.received or exc.signame  # type: ignore[attr-defined]
+            stuck = stop_and_forget(state, state_dir) if state is not None else []
+            when = "while serving" if serving else "before the stack was serving"
+            message = (f"received {name} {when}: stopped every process this `up` started"
+                       + (f" except {', '.join(stuck)}" if stuck else ""))
+            _note(state_dir, f"up: {message}")
+            _say(message, err=True)
+            return 0 if serving and ok and not died and not stuck else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Exit 0 when every process is alive and healthy, 1 otherwise, 3 when the stack is not running."""
-    state = StackState.load(_state_dir(args))
+    """Exit 0 when every process is alive and healthy from its own socket, 1 otherwise or not running, 2 unknown stack."""
+    from rich.console import Console  # noqa: PLC0415
+
+    from ascend_runtime.local.runner import status_table  # noqa: PLC0415
+    from ascend_runtime.local.state import StackState  # noqa: PLC0415
+
+    resolved = resolve_stack(args, not_running_code=1)
+    if isinstance(resolved, int):
+        return resolved
+    stack, state_dir = resolved
+    state = StackState.load(state_dir)
     if state is None:
-        print(f"stack {args.stack} is not running (no state in {_state_dir(args)})")
-        return 3
+        _say(f"stack {stack} is not running (no state in {state_dir})")
+        return 1
     table, healthy = status_table(state)
     Console(width=200).print(table)
     return 0 if healthy else 1
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    """Stop every recorded process group; exit 1 if one would not stop."""
-    state_dir = _state_dir(args)
+    """Stop every recorded process group; exit 0 stopped or not running, 1 if one would not stop, 2 unknown stack."""
+    from ascend_runtime.local.runner import stop_all  # noqa: PLC0415
+    from ascend_runtime.local.state import StackState  # noqa: PLC0415
+
+    resolved = resolve_stack(args, not_running_code=0)
+    if isinstance(resolved, int):
+        return resolved
+    stack, state_dir = resolved
     state = StackState.load(state_dir)
     if state is None:
-        print(f"stack {args.stack} is not running (no state in {state_dir})")
+        _say(f"stack {stack} is not running (no state in {state_dir})")
         return 0
     stuck = stop_all(state)
     if stuck:
-        print(f"error: would not stop: {', '.join(stuck)}", file=sys.stderr)
+        _say(f"error: would not stop: {', '.join(stuck)}", err=True)
         return 1
     StackState.clear(state_dir)
-    print(f"stack {args.stack} is down ({len(state.processes)} processes stopped)")
+    _say(f"stack {stack} is down ({len(state.processes)} processes stopped)")
     return 0

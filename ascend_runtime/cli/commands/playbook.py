@@ -7,6 +7,11 @@
 
 Exit codes: 0 every host passed, 1 a host failed (or was unreachable / refused),
 2 invalid input (the message names the field).
+
+Faults are reported per host, step and device and never end the run early:
+known_hosts lines that cannot be used are warnings (printed once, and under
+``warnings`` in ``--json``); a facts run keeps the entries of the devices whose
+steps failed and writes everything else it read.
 """
 
 from __future__ import annotations
@@ -25,8 +30,14 @@ from rich.table import Table
 
 from ascend_runtime.config.errors import ConfigError
 from ascend_runtime.hosts import playbook as pb
-from ascend_runtime.hosts.engine import RunReport, Runner, StepResult
-from ascend_runtime.hosts.facts import apply_facts, dump_inventory, write_if_changed
+from ascend_runtime.hosts.engine import Runner, RunReport, StepResult
+from ascend_runtime.hosts.facts import (
+    HOST_NOT_UPDATED,
+    apply_facts,
+    dump_inventory,
+    failed_devices,
+    write_if_changed,
+)
 from ascend_runtime.hosts.ssh import ConnectOptions, Endpoint
 from ascend_runtime.hosts.stackref import load_inventory, read_stack
 
@@ -173,8 +184,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         with lock:
             _print_result(console, r)
 
+    def on_warning(text: str) -> None:
+        with lock:
+            console.print(f"[yellow]warning:[/yellow] {escape(text)}", highlight=False, soft_wrap=True)
+
     runner = Runner(book, inventory, stack.hardware, opts, check=args.check, forks=args.forks,
-                    vars_all=vars_all, vars_hosts=vars_hosts, on_result=on_result)
+                    vars_all=vars_all, vars_hosts=vars_hosts, on_result=on_result, on_warning=on_warning)
     console.print(f"[bold]playbook {book.name}[/bold] on stack {args.stack} ({stack.hardware}), "
                   f"inventory {inventory_path}" + (" [cyan](check mode: nothing is changed)[/cyan]" if args.check else ""))
     report = runner.run(limit or None)
@@ -182,8 +197,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {}
     if book.facts is not None:
         new_inventory, problems = apply_facts(inventory, report, book.facts, stack.hardware)
+        kept: dict[str, list[int]] = {}
+        for node in inventory.nodes:
+            devices = failed_devices(report, node.name) if node.name in report.facts else None
+            if devices:
+                kept[node.name] = sorted(devices)
+                console.print(f"[bold]{escape(node.name)}[/bold] inventory facts: device(s) "
+                              f"{', '.join(map(str, sorted(devices)))} not updated (their steps failed; an existing "
+                              f"entry is kept); the host's other facts are written", highlight=False, soft_wrap=True)
+        extra["inventory_kept_devices"] = kept
         for host, issues in sorted(problems.items()):
-            if issues != ["not updated: the host has failed steps"]:
+            if issues != [HOST_NOT_UPDATED]:
                 on_result(StepResult(host, "inventory facts", "fail", "; ".join(issues)))
                 report.results.append(StepResult(host, "inventory facts", "fail", "; ".join(issues)))
         text = dump_inventory(new_inventory)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ascend_runtime import eventloop
-from ascend_runtime.proxy.config import ProxyConfig, RoutingWeights
+from ascend_runtime.proxy.config import Limits, OutlierPolicy, ProxyConfig, RoutingWeights
 from ascend_runtime.proxy.instances import (
     InstanceSpec,
     InstanceSpecError,
@@ -23,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001
     p = subparsers.add_parser("proxy", help="run the PD-aware proxy (prefill -> decode, load-balanced)",
                               description="Serve /v1/completions and /v1/chat/completions through a prefill "
                                           "and a decode instance (vLLM-Ascend KV-transfer protocol).")
-    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="listen address (default 127.0.0.1; give 0.0.0.0 or an interface address to serve others)")
     p.add_argument("--port", type=int, default=8000)
     src = p.add_argument_group("instances (command line, file, or Kubernetes)")
     src.add_argument("--prefill", action="append", default=[], metavar="URL[,name=NAME][,weight=W]")
@@ -45,8 +46,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001
     t.add_argument("--stream-idle-timeout-s", type=float, default=120.0)
     t.add_argument("--health-interval-s", type=float, default=2.0)
     t.add_argument("--health-timeout-s", type=float, default=1.0)
-    t.add_argument("--eject-after", type=int, default=3, help="consecutive failures before ejection")
-    t.add_argument("--eject-duration-s", type=float, default=5.0)
+    o = OutlierPolicy()
+    t.add_argument("--eject-after", type=int, default=o.consecutive_errors,
+                   help="consecutive failed requests (5xx, timeout) that eject an instance (default %(default)s)")
+    t.add_argument("--eject-duration-s", type=float, default=o.base_s,
+                   help="base ejection time; the n-th ejection in a row lasts n times this (default %(default)s)")
+    t.add_argument("--eject-max-duration-s", type=float, default=o.max_s, help="longest ejection (default %(default)s)")
+    t.add_argument("--eject-after-connect-failures", type=int, default=o.consecutive_connect_failures,
+                   help="consecutive refused/reset connections or broken streams that eject (default %(default)s)")
+    t.add_argument("--health-failures", type=int, default=o.health_failures,
+                   help="consecutive failed /health checks (refused or non-200; a timeout is not a failure) "
+                        "that eject (default %(default)s)")
+    t.add_argument("--success-rate-window", type=int, default=o.window,
+                   help="requests per instance in the success-rate window (default %(default)s)")
+    t.add_argument("--success-rate-min-requests", type=int, default=o.min_requests,
+                   help="requests an instance needs in the window before rates apply (default %(default)s)")
+    t.add_argument("--success-rate-min-hosts", type=int, default=o.success_rate_min_hosts,
+                   help="instances of a role with enough requests for the stdev rule (default %(default)s)")
+    t.add_argument("--success-rate-stdev-factor", type=float, default=o.stdev_factor,
+                   help="eject below mean - factor * stdev of the role's success rates (default %(default)s)")
+    t.add_argument("--failure-percent", type=float, default=o.failure_percent,
+                   help="eject when this percentage of the window failed; 0 = off (default %(default)s)")
+    t.add_argument("--max-ejection-percent", type=float, default=o.max_percent,
+                   help="most instances of a role (percent of those up, rounded down) ejected on outlier "
+                        "evidence at once; the default never ejects the last one (default %(default)s)")
+    lim = Limits()
+    c = p.add_argument_group("client limits")
+    c.add_argument("--header-timeout-s", type=float, default=lim.header_timeout_s,
+                   help="request head must arrive within this of connect / previous answer; also the "
+                        "keep-alive idle timeout (default %(default)s)")
+    c.add_argument("--body-timeout-s", type=float, default=lim.body_timeout_s,
+                   help="longest gap while reading a request body (default %(default)s)")
+    c.add_argument("--body-total-timeout-s", type=float, default=lim.body_total_timeout_s,
+                   help="whole request body must arrive within this (default %(default)s)")
+    c.add_argument("--max-body-bytes", type=int, default=lim.max_body_bytes,
+                   help="larger bodies get 413, refused on Content-Length before reading (default %(default)s)")
     t.add_argument("--max-attempts", type=int, default=3, help="instances tried per request and role")
     w = p.add_argument_group("routing weights (lower score wins)")
     d = RoutingWeights()
@@ -91,6 +125,14 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         first_token_timeout_s=args.first_token_timeout_s, stream_idle_timeout_s=args.stream_idle_timeout_s,
         health_interval_s=args.health_interval_s, health_timeout_s=args.health_timeout_s,
         eject_after=args.eject_after, eject_duration_s=args.eject_duration_s, max_attempts=args.max_attempts,
+        outlier=OutlierPolicy(
+            consecutive_errors=args.eject_after, consecutive_connect_failures=args.eject_after_connect_failures,
+            health_failures=args.health_failures, window=args.success_rate_window,
+            min_requests=args.success_rate_min_requests, success_rate_min_hosts=args.success_rate_min_hosts,
+            stdev_factor=args.success_rate_stdev_factor, failure_percent=args.failure_percent,
+            base_s=args.eject_duration_s, max_s=args.eject_max_duration_s, max_percent=args.max_ejection_percent),
+        limits=Limits(header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
+                      body_total_timeout_s=args.body_total_timeout_s, max_body_bytes=args.max_body_bytes),
         weights=weights, install_sighup=True,
     )
 

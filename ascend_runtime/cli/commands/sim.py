@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from pydantic import ValidationError
@@ -25,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--bind-host", help="With --stack: listen here (e.g. 0.0.0.0 in a pod) instead of the leader's host IP.")
     p.add_argument("--role", choices=["prefill", "decode"], help="Required without --stack.")
     p.add_argument("--instance", required=True, help="Instance name (x-instance header, engine id prefix).")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="Listen address of the API and KV ports (default 127.0.0.1).")
     p.add_argument("--port", type=int, help="Required without --stack.")
     p.add_argument("--kv-port", type=int, help="KV transfer TCP port. Required without --stack.")
     p.add_argument("--kv-host", default=None, help="Host announced in kv_transfer_params (default: --host).")
@@ -45,6 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="deepseek-ai/DeepSeek-R1")
     p.add_argument("--expert-map", default=None, help="vLLM-Ascend expert map JSON applied at start.")
+    p.add_argument("--admin-token-env", metavar="VAR",
+                   help="Environment variable holding the /admin bearer token; without it every /admin call is refused.")
     p.set_defaults(func=handler)
 
 
@@ -68,10 +71,22 @@ def config_from_plan(args: argparse.Namespace) -> SimConfig:
     return sim_config_from_plan(plan, instance, bind_host=args.bind_host)
 
 
+def admin_token_from_env(args: argparse.Namespace) -> str | None:
+    """The admin token from the variable ``--admin-token-env`` names (None without the flag); ValueError if unset."""
+    name = getattr(args, "admin_token_env", None)
+    if not name:
+        return None
+    token = os.environ.get(name)
+    if not token:
+        raise ValueError(f"--admin-token-env {name}: variable is not set or empty")
+    return token
+
+
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     """The SimConfig the flags describe, or the Plan's with ``--stack``."""
+    token = admin_token_from_env(args)
     if args.stack:
-        return config_from_plan(args)
+        return config_from_plan(args).model_copy(update={"admin_token": token})
     missing = [f"--{n.replace('_', '-')}" for n in ("role", "port", "kv_port") if getattr(args, n) is None]
     if missing:
         raise ValueError(f"{', '.join(missing)} required without --stack")
@@ -82,6 +97,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         redundant_experts=args.redundant_experts, mtp=args.mtp, speedup=args.speedup,
         startup_delay=args.startup_delay, link_gbps=args.link_gbps, kv_timeout_s=args.kv_timeout_s,
         kv_wire_scale=args.kv_wire_scale, seed=args.seed, model=args.model, expert_map=args.expert_map,
+        admin_token=token,
     )
 
 
@@ -94,7 +110,10 @@ FLAG_FIELDS = (
 
 
 def argv_from_config(cfg: SimConfig) -> list[str]:
-    """`ascend-deploy sim` arguments that reproduce ``cfg`` (the inverse of :func:`config_from_args`)."""
+    """`ascend-deploy sim` arguments that reproduce ``cfg`` (the inverse of :func:`config_from_args`).
+
+    The admin token is never an argument: callers add ``--admin-token-env VAR`` and set ``VAR``.
+    """
     argv: list[str] = []
     for name in FLAG_FIELDS:
         value = getattr(cfg, name)

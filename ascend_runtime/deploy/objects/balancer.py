@@ -1,5 +1,6 @@
 """The expert balancer: ServiceAccount, Role (its own ConfigMap only), RoleBinding,
-expert-map ConfigMap, Deployment and metrics Service."""
+expert-map ConfigMap, Deployment and metrics Service; on kind also the Secret with the
+simulators' admin token (when the stack sets ``simulator_admin_token``)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,21 @@ from ascend_runtime.deploy.objects.common import (
     EXPERT_MAP_CONFIGMAP,
     EXPERT_MAP_KEY,
     LABEL_COMPONENT,
+    SIM_ADMIN_TOKEN_ENV,
     Context,
     K8sObject,
+    balanced_instances,
     metadata,
     pod_security,
+    simulator_admin_secret,
+    simulator_admin_token,
+    simulator_admin_token_env,
+    tmp_volume,
 )
 from ascend_runtime.deploy.objects.engine import api_service_url
 
 COMPONENT = "balancer"
-
-
-def balanced_instances(ctx: Context) -> list[Any]:
-    """Instances the balancer serves: the decode stage (one EP shape), when it is expert-parallel."""
-    return [i for i in ctx.plan.by_role("decode") if i.ep > 1]
+__all__ = ["balanced_instances", "balancer_command", "balancer_objects", "role_rules"]
 
 
 def role_rules(ctx: Context) -> list[dict[str, Any]]:
@@ -43,7 +46,10 @@ def balancer_command(ctx: Context) -> list[str]:
            "--configmap", f"{ctx.namespace}/{EXPERT_MAP_CONFIGMAP}:{EXPERT_MAP_KEY}",
            # applying a map restarts engines; on real clusters that is the rebalance runbook's job
            "--apply", "simulator" if ctx.simulated else "none",
+           # the CLI binds 127.0.0.1 by default; Prometheus scrapes the pod IP
            "--metrics-host", "0.0.0.0", "--metrics-port", str(ctx.plan.config["ports"]["balancer_metrics"])]
+    if simulator_admin_token(ctx):
+        cmd += ["--sim-token-env", SIM_ADMIN_TOKEN_ENV]
     for inst in insts:
         cmd += ["--instance", f"{inst.name}={api_service_url(ctx, inst) if ctx.simulated else inst.api_url}"]
     return cmd
@@ -56,24 +62,34 @@ def balancer_objects(ctx: Context) -> list[K8sObject]:
     port = ctx.plan.config["ports"]["balancer_metrics"]
     selector = {LABEL_COMPONENT: COMPONENT, "app.kubernetes.io/name": BALANCER_NAME}
     meta = lambda name: metadata(ctx, name, COMPONENT, selector)  # noqa: E731
+    tmp, tmp_mount = tmp_volume()
+    container: dict[str, Any] = {
+        "name": "balancer",
+        "image": ctx.k8s["runtime_image"],
+        "imagePullPolicy": "IfNotPresent",
+        "command": balancer_command(ctx),
+        "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": port}, "periodSeconds": 10},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": port}, "periodSeconds": 30, "failureThreshold": 4},
+        "securityContext": pod_security(),
+        "volumeMounts": [tmp_mount],
+    }
+    if simulator_admin_token(ctx):
+        container["env"] = [simulator_admin_token_env()]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": BALANCER_NAME,
-        "containers": [{
-            "name": "balancer",
-            "image": ctx.k8s["runtime_image"],
-            "imagePullPolicy": "IfNotPresent",
-            "command": balancer_command(ctx),
-            "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
-            "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
-            "readinessProbe": {"httpGet": {"path": "/healthz", "port": port}, "periodSeconds": 10},
-            "livenessProbe": {"httpGet": {"path": "/healthz", "port": port}, "periodSeconds": 30, "failureThreshold": 4},
-            "securityContext": pod_security(),
-        }],
+        # the only pod with a token: it reads and updates the expert-map ConfigMap (role_rules)
+        "automountServiceAccountToken": True,
+        "containers": [container],
+        "volumes": [tmp],
     }
     if ctx.image_pull_secrets:
         pod_spec["imagePullSecrets"] = ctx.image_pull_secrets
     role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": BALANCER_NAME}
+    secret = simulator_admin_secret(ctx)
     return [
+        *([secret] if secret else []),
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(BALANCER_NAME)},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(BALANCER_NAME),
          "rules": role_rules(ctx)},

@@ -8,7 +8,16 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from ascend_runtime.deploy.objects.common import CHECKS_JOB_NAME, LABEL_COMPONENT, Context, K8sObject, digest, metadata, pod_security
+from ascend_runtime.deploy.objects.common import (
+    CHECKS_JOB_NAME,
+    LABEL_COMPONENT,
+    Context,
+    K8sObject,
+    digest,
+    metadata,
+    pod_security,
+    tmp_volume,
+)
 
 COMPONENT = "checks"
 
@@ -35,9 +44,10 @@ def checks_job(ctx: Context) -> K8sObject | None:
         return None
     timeout = ctx.k8s["checks_timeout_seconds"]
     labels = {LABEL_COMPONENT: COMPONENT, "app.kubernetes.io/name": CHECKS_JOB_NAME}
+    tmp, tmp_mount = tmp_volume()
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
+        "automountServiceAccountToken": False,  # talks to the proxy only
         "containers": [{
             "name": "checks",
             "image": ctx.k8s["runtime_image"],
@@ -45,7 +55,9 @@ def checks_job(ctx: Context) -> K8sObject | None:
             "command": ["/bin/sh", "-c", check_script(ctx)],
             "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
             "securityContext": pod_security(),
+            "volumeMounts": [tmp_mount],
         }],
+        "volumes": [tmp],
     }
     if ctx.image_pull_secrets:
         pod_spec["imagePullSecrets"] = ctx.image_pull_secrets

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from ascend_runtime.deploy.objects.common import (
     IMAGE_PULL_SECRET,
     IMAGE_PULL_SECRET_NAME,
@@ -14,13 +12,21 @@ from ascend_runtime.deploy.objects.common import (
     Context,
     K8sObject,
     base_labels,
+    engine_env_secret,
     metadata,
     secret_placeholder,
 )
-from ascend_runtime.planner.plan import NodePlan
+from ascend_runtime.deploy.objects.device_plugin import RELEASE as DEVICE_PLUGIN_RELEASE
+from ascend_runtime.deploy.objects.device_plugin import device_plugin_objects
+from ascend_runtime.deploy.objects.device_plugin import device_plugin_node_selector
+from ascend_runtime.deploy.objects.lws import deploys_as_lws
+from ascend_runtime.planner.plan import NodePlan, Plan
 
 ACCELERATOR_TYPES = {"atlas-800i-a2": "module-910b-8", "cm384": "module-a3-16-super-pod"}
-DEVICE_PLUGIN_NAMESPACE = "kube-system"
+#: Node label of the super pod an A3 node belongs to (MindCluster's topology label; the NodePatches set it
+#: from the inventory's ``super_pod_id``). Multi-node engine groups stay inside one (engine.py).
+SUPER_POD_LABEL = "huawei.com/topotree.superpodid"
+DEVICE_PLUGIN_NAMESPACE = DEVICE_PLUGIN_RELEASE.namespace
 
 
 def namespace(ctx: Context) -> K8sObject:
@@ -37,9 +43,11 @@ def node_labels(ctx: Context, node: NodePlan) -> dict[str, str]:
     if ctx.plan.hardware == "atlas-800i-a2":
         labels["server-usage"] = "infer"
     if node.super_pod_id is not None:
-        labels["huawei.com/topotree.superpodid"] = str(node.super_pod_id)
+        labels[SUPER_POD_LABEL] = str(node.super_pod_id)
     if node.role:
         labels[LABEL_SERVING_ROLE] = node.role
+    if ctx.k8s["device_plugin"]["install"]:
+        labels.update(device_plugin_node_selector())  # the pinned plugin DaemonSet schedules only there
     return labels
 
 
@@ -74,63 +82,22 @@ def runtime_class(ctx: Context) -> K8sObject | None:
 
 
 def device_plugin(ctx: Context) -> list[K8sObject]:
-    """The Ascend device plugin DaemonSet (and its ServiceAccount) when the cluster lacks it."""
-    cfg: dict[str, Any] = ctx.k8s["device_plugin"]
-    if not cfg["install"] or ctx.simulated:
-        return []
-    name = "ascend-device-plugin"
-    labels = {**base_labels(ctx.plan, "device-plugin"), "app.kubernetes.io/name": name}
-    selector = {"app.kubernetes.io/name": name}
-    meta = {"name": name, "namespace": DEVICE_PLUGIN_NAMESPACE, "labels": labels}
-    host = lambda vol, path, kind="Directory": {"name": vol, "hostPath": {"path": path, "type": kind}}  # noqa: E731
-    daemonset = {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": meta,
-        "spec": {
-            "selector": {"matchLabels": selector},
-            "updateStrategy": {"type": "RollingUpdate"},
-            "template": {
-                "metadata": {"labels": {**labels, **selector}},
-                "spec": {
-                    "serviceAccountName": name,
-                    "priorityClassName": "system-node-critical",
-                    "nodeSelector": {"accelerator": "huawei-Ascend910"},
-                    "tolerations": [
-                        {"key": "CriticalAddonsOnly", "operator": "Exists"},
-                        {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
-                        {"key": ctx.k8s["npu_resource"], "operator": "Exists", "effect": "NoSchedule"},
-                    ],
-                    "containers": [
-                        {
-                            "name": "device-plugin",
-                            "image": f"{cfg['image']}:{cfg['version']}",
-                            "imagePullPolicy": "IfNotPresent",
-                            "command": ["/bin/bash", "-c",
-                                        "device-plugin -useAscendDocker=false -volcanoType=false -logLevel=0"],
-                            "resources": {"requests": {"cpu": "500m", "memory": "500Mi"},
-                                          "limits": {"cpu": "500m", "memory": "500Mi"}},
-                            "securityContext": {"privileged": True, "readOnlyRootFilesystem": True},
-                            "volumeMounts": [
-                                {"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"},
-                                {"name": "driver", "mountPath": "/usr/local/Ascend/driver", "readOnly": True},
-                                {"name": "log", "mountPath": "/var/log/mindx-dl/devicePlugin"},
-                                {"name": "tmp", "mountPath": "/tmp"},
-                            ],
-                        }
-                    ],
-                    "volumes": [
-                        host("device-plugin", "/var/lib/kubelet/device-plugins"),
-                        host("driver", "/usr/local/Ascend/driver"),
-                        host("log", "/var/log/mindx-dl/devicePlugin", "DirectoryOrCreate"),
-                        host("tmp", "/tmp"),
-                    ],
-                },
-            },
-        },
-    }
-    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)}
-    return [account, daemonset]
+    """The Ascend device plugin (ServiceAccount, ClusterRole, ClusterRoleBinding, DaemonSet) when the cluster lacks it.
+
+    Built from the pinned MindCluster manifest, see :mod:`ascend_runtime.deploy.objects.device_plugin`.
+    """
+    return device_plugin_objects(ctx)
+
+
+def lws_prerequisite(plan: Plan) -> str | None:
+    """What the cluster preparation does about the LeaderWorkerSet controller (kubernetes-sigs/lws, pinned in
+    :data:`.lws.RELEASE`): None when no instance is a LeaderWorkerSet; ``"install"`` with
+    ``kubernetes.lws.install`` (the program applies the release manifest); else ``"check"`` (the program reads
+    the CRD, so a cluster without the controller fails ``pulumi preview`` before anything is created).
+    """
+    if plan.target == "local" or not any(deploys_as_lws(plan, i) for i in plan.instances):
+        return None
+    return "install" if plan.config["kubernetes"]["lws"]["install"] else "check"
 
 
 def secrets(ctx: Context) -> list[K8sObject]:
@@ -152,6 +119,9 @@ def secrets(ctx: Context) -> list[K8sObject]:
             "type": "Opaque",
             "stringData": {"credentials": secret_placeholder(MODEL_SOURCE_SECRET)},
         })
+    env_secret = engine_env_secret(ctx)  # engine.extra_env variables backed by Pulumi secrets
+    if env_secret:
+        out.append(env_secret)
     return out
 
 

@@ -1,9 +1,9 @@
 # Shared helpers of the fake npu-smi / hccn_tool / ip (POSIX sh, sourced).
 # State: the flat JSON object in $FAKE_NPU_STATE, one "key": "value" per line
 # (json.dumps(state, indent=0, sort_keys=True)), e.g. "dev.3.link": "UP".
-# Every invocation is appended to $FAKE_NPU_STATE.log.
+# Every invocation is appended to $FAKE_NPU_STATE.log (one line each).
 STATE="${FAKE_NPU_STATE:?FAKE_NPU_STATE is not set}"
-printf '%s\n' "$(basename "$0") $*" >> "$STATE.log"
+printf '%s %s\n' "$(basename "$0")" "$(printf '%s' "$*" | tr '\n' ' ')" >> "$STATE.log"
 
 get() {  # get KEY -> value (empty when absent)
     sed -n "s/^\"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" "$STATE"
@@ -18,6 +18,21 @@ present() {  # present DEV -> status 0 when the device exists
 }
 
 ndev() { get ndev; }
+
+privileged() {  # status 0 when running as (fake) root: no "uid" in the state, uid 0, or under the fake sudo
+    uid=$(get uid)
+    [ -z "$uid" ] || [ "$uid" = 0 ] || [ "${FAKE_SUDO:-}" = 1 ]
+}
+
+hang_if_asked() {  # hang_if_asked "OP MODE": when the state's "hang" is exactly that, hang (pids -> $STATE.hang)
+    h=$(get hang)
+    if [ -n "$h" ] && [ "$h" = "$1" ]; then
+        sleep 300 &
+        printf '%s %s\n' "$$" "$!" >> "$STATE.hang"
+        wait
+        exit 1
+    fi
+}
 
 write_hccn_conf() {
     conf=$(get hccn_conf)

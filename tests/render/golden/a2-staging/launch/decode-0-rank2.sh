@@ -18,7 +18,6 @@ fi
 
 # HCCL and runtime environment (ascend_runtime.render.environment.rank_env).
 export ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7
-export DISAGGREGATED_PREFILL_RANK_TABLE_PATH=/etc/ascend-deploy/ranktables/pd-llmdatadist.json
 export GLOO_SOCKET_IFNAME=enp189s0f0
 export HCCL_BUFFSIZE=1024
 export HCCL_CONNECT_TIMEOUT=7200
@@ -32,11 +31,11 @@ export OMP_PROC_BIND=false
 export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True
 export TASK_QUEUE_ENABLE=1
 export TP_SOCKET_IFNAME=enp189s0f0
-export VLLM_LLMDD_RPC_PORT=5558
-export VLLM_USE_V1=1
+export VLLM_ASCEND_ENABLE_FUSED_MC2=2
+export VLLM_ASCEND_ENABLE_MLAPO=1
 
 # Files this rank reads; ASCEND_DEPLOY_CHECK_FILES=0 skips the check (tests only).
-required_files=(/etc/ascend-deploy/ranktables/hccl-decode-0.json /etc/ascend-deploy/ranktables/pd-llmdatadist.json)
+required_files=()
 if [ "${ASCEND_DEPLOY_CHECK_FILES:-1}" = "1" ]; then
   for required in "${required_files[@]}"; do
     if [ ! -r "$required" ]; then
@@ -50,10 +49,6 @@ engine_cmd=(
   vllm
   serve
   /data/models/DeepSeek-R1-W8A8
-  --host
-  0.0.0.0
-  --port
-  8001
   --headless
   --served-model-name
   deepseek-ai/DeepSeek-R1
@@ -77,7 +72,7 @@ engine_cmd=(
   --max-num-seqs
   72
   --max-num-batched-tokens
-  72
+  256
   --gpu-memory-utilization
   0.96
   --trust-remote-code
@@ -85,20 +80,22 @@ engine_cmd=(
   ascend
   --speculative-config
   '{"method":"deepseek_mtp","num_speculative_tokens":1}'
+  --compilation-config
+  '{"cudagraph_mode":"FULL_DECODE_ONLY"}'
   --kv-transfer-config
-  '{"engine_id":"a2-staging-decode-0-2","kv_buffer_device":"npu","kv_connector":"LLMDataDistCMgrConnector","kv_connector_module_path":"vllm_ascend.distributed.llmdatadist_c_mgr_connector","kv_parallel_size":1,"kv_port":"28008","kv_role":"kv_consumer"}'
+  '{"engine_id":"a2-staging-decode-0-2","kv_buffer_device":"npu","kv_connector":"MooncakeConnectorV1","kv_connector_extra_config":{"decode":{"dp_size":32,"tp_size":1},"prefill":{"dp_size":2,"tp_size":8}},"kv_connector_module_path":"vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector","kv_parallel_size":1,"kv_port":"28016","kv_role":"kv_consumer"}'
   --additional-config
-  '{"torchair_graph_config":{"enabled":true}}'
+  '{"multistream_overlap_shared_expert":true,"recompute_scheduler_enable":true,"weight_nz_mode":1}'
 )
 
-echo "ascend-deploy: starting $RANK_NAME on a2-node-05 (192.0.2.15), devices $ASCEND_RT_VISIBLE_DEVICES" >&2
+printf 'ascend-deploy: starting %s on %s (%s), devices %s\n' "$RANK_NAME" a2-node-05 192.0.2.15 "$ASCEND_RT_VISIBLE_DEVICES" >&2
 # Headless rank: start the engine, then watch the leader's API port 192.0.2.13:8001.
 # When the leader stops answering for POLL_FAILURES polls in a row (or never comes up within
 # STARTUP_TIMEOUT_S), stop the engine and exit 75 so the orchestrator restarts this rank and
 # the instance re-forms around the restarted leader (whole-instance restart, docs/rendering.md).
 readonly LEADER_HOST=192.0.2.13
 readonly LEADER_PORT=8001
-readonly STARTUP_TIMEOUT_S="${ASCEND_DEPLOY_STARTUP_TIMEOUT_S:-3600}"
+readonly STARTUP_TIMEOUT_S=${ASCEND_DEPLOY_STARTUP_TIMEOUT_S:-3600}
 readonly POLL_S="${ASCEND_DEPLOY_LEADER_POLL_S:-10}"
 readonly POLL_FAILURES="${ASCEND_DEPLOY_LEADER_FAILURES:-3}"
 

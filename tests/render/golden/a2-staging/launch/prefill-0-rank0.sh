@@ -18,7 +18,7 @@ fi
 
 # HCCL and runtime environment (ascend_runtime.render.environment.rank_env).
 export ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7
-export DISAGGREGATED_PREFILL_RANK_TABLE_PATH=/etc/ascend-deploy/ranktables/pd-llmdatadist.json
+export DYNAMIC_EPLB=true
 export GLOO_SOCKET_IFNAME=enp189s0f0
 export HCCL_BUFFSIZE=256
 export HCCL_CONNECT_TIMEOUT=7200
@@ -32,11 +32,11 @@ export OMP_PROC_BIND=false
 export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True
 export TASK_QUEUE_ENABLE=1
 export TP_SOCKET_IFNAME=enp189s0f0
-export VLLM_LLMDD_RPC_PORT=5557
-export VLLM_USE_V1=1
+export VLLM_ASCEND_ENABLE_FUSED_MC2=0
+export VLLM_ASCEND_ENABLE_MLAPO=0
 
 # Files this rank reads; ASCEND_DEPLOY_CHECK_FILES=0 skips the check (tests only).
-required_files=(/etc/ascend-deploy/ranktables/hccl-prefill-0.json /etc/ascend-deploy/ranktables/pd-llmdatadist.json)
+required_files=()
 if [ "${ASCEND_DEPLOY_CHECK_FILES:-1}" = "1" ]; then
   for required in "${required_files[@]}"; do
     if [ ! -r "$required" ]; then
@@ -54,6 +54,8 @@ engine_cmd=(
   0.0.0.0
   --port
   8000
+  --api-server-count
+  1
   --served-model-name
   deepseek-ai/DeepSeek-R1
   --data-parallel-size
@@ -84,10 +86,12 @@ engine_cmd=(
   --speculative-config
   '{"method":"deepseek_mtp","num_speculative_tokens":1}'
   --kv-transfer-config
-  '{"engine_id":"a2-staging-prefill-0-0","kv_buffer_device":"npu","kv_connector":"LLMDataDistCMgrConnector","kv_connector_module_path":"vllm_ascend.distributed.llmdatadist_c_mgr_connector","kv_parallel_size":1,"kv_port":"28000","kv_role":"kv_producer"}'
+  '{"engine_id":"a2-staging-prefill-0-0","kv_buffer_device":"npu","kv_connector":"MooncakeConnectorV1","kv_connector_extra_config":{"decode":{"dp_size":32,"tp_size":1},"prefill":{"dp_size":2,"tp_size":8}},"kv_connector_module_path":"vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector","kv_parallel_size":1,"kv_port":"28000","kv_role":"kv_producer"}'
+  --additional-config
+  '{"enable_flashcomm1":true,"eplb_config":{"algorithm_execution_interval":5,"dynamic_eplb":true,"eplb_heat_collection_stage":"prefill","eplb_policy_type":2,"expert_heat_collection_interval":50,"num_redundant_experts":16},"weight_nz_mode":1}'
 )
 
-echo "ascend-deploy: starting $RANK_NAME on a2-node-01 (192.0.2.11), devices $ASCEND_RT_VISIBLE_DEVICES" >&2
+printf 'ascend-deploy: starting %s on %s (%s), devices %s\n' "$RANK_NAME" a2-node-01 192.0.2.11 "$ASCEND_RT_VISIBLE_DEVICES" >&2
 # Leader: the engine is PID 1's only child; when any DP rank of the instance dies, vLLM's
 # front end fails and this container exits, so the whole instance restarts together.
 exec "${engine_cmd[@]}"

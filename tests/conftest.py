@@ -1,4 +1,4 @@
-"""Fixtures: committed stacks' Plans, and edited copies of a stack in a temp stacks dir."""
+"""Fixtures: Plans of the committed stacks, and of edited copies in a temp stacks dir."""
 
 from __future__ import annotations
 
@@ -12,29 +12,32 @@ import yaml
 
 from ascend_runtime.planner import Plan, load_plan
 
-STACKS = Path(__file__).resolve().parents[2] / "stacks"
+STACKS = Path(__file__).resolve().parents[1] / "stacks"
 NS = "ascend-deepseek:"
+STACK_NAMES = ("a2-staging", "cm384-prod", "kind", "local")
 
 
 @pytest.fixture(scope="session")
 def plans() -> dict[str, Plan]:
     """Plans of the committed stacks by name."""
-    return {name: load_plan(name) for name in ("a2-staging", "cm384-prod", "kind", "local")}
+    return {name: load_plan(name) for name in STACK_NAMES}
 
 
 @pytest.fixture
 def edited_plan(tmp_path: Path) -> Callable[..., Plan]:
-    """``edited_plan(stack, edit)``: the Plan of a copy of ``stack`` whose config dict ``edit`` changed.
+    """``edited_plan(stack, edit)``: load the Plan of a copy of ``stack`` after ``edit(cfg)``.
 
-    ``edit`` receives the config with the namespace stripped (``cfg["engine"]["dynamic_eplb"] = True``).
+    ``cfg`` is the stack's project config with the namespace stripped; the call raises what
+    ``load_plan`` raises (ConfigError for a refused stack).
     """
+    counter = iter(range(1_000_000))
 
     def make(name: str, edit: Callable[[dict[str, Any]], None]) -> Plan:
-        target = tmp_path / "stacks"
-        shutil.copytree(STACKS, target, dirs_exist_ok=True)
+        target = tmp_path / f"stacks{next(counter)}"
+        shutil.copytree(STACKS, target)
         stack_file = target / f"Pulumi.{name}.yaml"
         doc = yaml.safe_load(stack_file.read_text())
-        cfg = {k[len(NS) :]: v for k, v in doc["config"].items() if k.startswith(NS)}
+        cfg = {k[len(NS):]: v for k, v in doc["config"].items() if k.startswith(NS)}
         edit(cfg)
         others = {k: v for k, v in doc["config"].items() if not k.startswith(NS)}
         doc["config"] = {**others, **{NS + k: v for k, v in cfg.items()}}

@@ -1,0 +1,167 @@
+"""`ascend-deploy faults watch`: drain the instances of faulted nodes in every proxy replica (docs/faults.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from ascend_runtime import eventloop
+
+PROXY_TOKEN_ENV = "ASCEND_PROXY_TOKEN"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``faults`` with the sub-command ``watch``."""
+    p = subparsers.add_parser("faults", help="NPU/link fault handling: watch MindCluster signals, drain, recover")
+    sub = p.add_subparsers(dest="faults_command", metavar="SUBCOMMAND")
+    p.set_defaults(func=lambda a: (p.print_help(sys.stderr), 2)[1])
+
+    w = sub.add_parser("watch", help="watch the Plan's nodes; drain the instances of faulted nodes in every proxy replica",
+                       description="Read the device plugin's and NodeD's fault ConfigMaps (MindCluster v26.1.0) and the "
+                                   "Node objects of the Plan's nodes; drain every instance with a rank on a faulted "
+                                   "node through the proxy admin API; undrain it once the node is clear and the "
+                                   "instance passes /health and a PD round trip.")
+    src = w.add_mutually_exclusive_group(required=True)
+    src.add_argument("--stack", help="the stack whose Plan gives nodes, instances and spares")
+    src.add_argument("--topology", type=Path, metavar="FILE",
+                     help="the same as JSON (what the watcher's ConfigMap carries in a cluster)")
+    w.add_argument("--stacks-dir", help="stacks directory for --stack (default: the project's stacks/)")
+    w.add_argument("--proxy", action="append", default=[], metavar="URL", help="a proxy replica's base URL (repeat)")
+    w.add_argument("--proxy-service", metavar="NAMESPACE/NAME:PORT",
+                   help="drain on every endpoint of this Service (default with --stack on kubernetes/kind: the pd-proxy Service)")
+    w.add_argument("--token-env", default=PROXY_TOKEN_ENV, metavar="VAR",
+                   help=f"environment variable holding the proxy admin token (default {PROXY_TOKEN_ENV})")
+    k = w.add_argument_group("Kubernetes API (default: the pod's service account, else the kubeconfig)")
+    k.add_argument("--kube-api", metavar="URL", help="API server base URL")
+    k.add_argument("--kube-token-env", metavar="VAR", help="environment variable holding a bearer token for --kube-api")
+    k.add_argument("--kube-context", help="kubeconfig context")
+    k.add_argument("--event-namespace", help="namespace of the Events (default: the stack's kubernetes.namespace)")
+    k.add_argument("--no-events", action="store_true", help="post no Events")
+    k.add_argument("--device-plugin-namespace", default="kube-system",
+                   help="namespace of mindx-dl-deviceinfo-<node> (default kube-system)")
+    k.add_argument("--noded-namespace", default="mindx-dl", help="namespace of mindx-dl-nodeinfo-<node> (default mindx-dl)")
+    k.add_argument("--no-noded", action="store_true", help="do not read NodeD's ConfigMaps")
+    k.add_argument("--no-node-objects", action="store_true", help="do not read the Node objects (Ready condition)")
+    t = w.add_argument_group("timing (seconds)")
+    t.add_argument("--interval", type=float, default=1.0, help="between cycles (ConfigMap reads, drains); default 1")
+    t.add_argument("--node-interval", type=float, default=5.0, help="between Node object reads; default 5")
+    t.add_argument("--settle", type=float, default=10.0, help="signals clear this long before recovery checks; default 10")
+    t.add_argument("--recheck", type=float, default=5.0, help="between failed recovery checks; default 5")
+    t.add_argument("--check-timeout", type=float, default=30.0, help="per recovery request; default 30")
+    t.add_argument("--api-timeout", type=float, default=2.0, help="per Kubernetes or proxy admin call; default 2")
+    w.add_argument("--metrics-host", default="127.0.0.1", help="metrics listen address (default 127.0.0.1)")
+    w.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics and /healthz here")
+    w.add_argument("--max-cycles", type=int, help="stop after this many cycles")
+    w.add_argument("--log-level", default="INFO")
+    w.set_defaults(func=cmd_watch)
+
+
+def _bad(field: str, message: str) -> int:
+    print(f"error: {field}: {message}", file=sys.stderr)
+    return 2
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Build the watcher from arguments and run it until interrupted."""
+    from ascend_runtime.config.errors import ConfigError
+    from ascend_runtime.faults.proxies import ProxyService
+    from ascend_runtime.faults.topology import Topology
+    from ascend_runtime.faults.watcher import WatcherConfig
+
+    logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("interval", "node_interval", "check_timeout", "api_timeout"):
+        if getattr(args, name) <= 0:
+            return _bad("--" + name.replace("_", "-"), "must be > 0")
+    for name in ("settle", "recheck"):
+        if getattr(args, name) < 0:
+            return _bad("--" + name, "must be >= 0")
+    namespace = None
+    service_default = None
+    if args.stack:
+        from ascend_runtime.planner import load_plan
+
+        try:
+            plan = load_plan(args.stack, args.stacks_dir)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        topology = Topology.from_plan(plan)
+        namespace = plan.config["kubernetes"]["namespace"]
+        if plan.target in ("kubernetes", "kind"):
+            from ascend_runtime.deploy.objects.common import PROXY_NAME
+
+            service_default = f"{namespace}/{PROXY_NAME}:{plan.proxy_port}"
+        elif not args.proxy:
+            args.proxy = [plan.proxy_url]
+    else:
+        try:
+            topology = Topology.from_file(args.topology)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return _bad("--topology", f"{args.topology}: {exc}")
+    service = None
+    spec = args.proxy_service or (service_default if not args.proxy else None)
+    if spec:
+        try:
+            service = ProxyService.parse(spec)
+        except ValueError as exc:
+            return _bad("--proxy-service", str(exc))
+    if not args.proxy and service is None:
+        return _bad("--proxy/--proxy-service", "give the proxy replicas to drain on")
+    token = os.environ.get(args.token_env, "")
+    if not token:
+        return _bad("--token-env", f"variable {args.token_env} is not set or empty (the proxy admin token)")
+    kube_token = None
+    if args.kube_token_env:
+        kube_token = os.environ.get(args.kube_token_env)
+        if not kube_token:
+            return _bad("--kube-token-env", f"variable {args.kube_token_env} is not set or empty")
+    from ascend_runtime.faults.kube import from_environment
+
+    try:
+        auth = from_environment(args.kube_api, kube_token, args.kube_context)
+    except Exception as exc:  # noqa: BLE001 - the kubeconfig loader raises several kinds
+        return _bad("--kube-api", f"no Kubernetes API: not in a pod and the kubeconfig failed ({exc}); "
+                                  "give --kube-api URL or a kubeconfig")
+    event_ns = None if args.no_events else (args.event_namespace or namespace)
+    cfg = WatcherConfig(
+        interval_s=args.interval, node_interval_s=args.node_interval, settle_s=args.settle, recheck_s=args.recheck,
+        check_timeout_s=args.check_timeout, event_namespace=event_ns,
+        device_plugin_namespace=args.device_plugin_namespace,
+        noded_namespace=None if args.no_noded else args.noded_namespace, read_nodes=not args.no_node_objects,
+        metrics_host=args.metrics_host, metrics_port=args.metrics_port,
+    )
+    try:
+        eventloop.run(_run(args, topology, cfg, token, auth, service))
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        print(f"ascend-deploy faults watch: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _run(args: argparse.Namespace, topology, cfg, token: str, auth, service) -> None:
+    import aiohttp
+
+    from ascend_runtime.faults.kube import KubeClient
+    from ascend_runtime.faults.proxies import ProxyAdmin
+    from ascend_runtime.faults.watcher import FaultWatcher
+
+    async with aiohttp.ClientSession() as session:
+        kube = KubeClient(auth, session, args.api_timeout)
+        proxies = ProxyAdmin(session, token, args.proxy, service, kube, timeout_s=args.api_timeout,
+                             refresh_s=args.node_interval)
+        watcher = FaultWatcher(topology, kube, proxies, cfg, session)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for s in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(s, stop.set)
+            except (NotImplementedError, RuntimeError):
+                pass
+        await watcher.run(stop, args.max_cycles)

@@ -1,0 +1,88 @@
+"""What the watcher needs from the Plan: nodes, which instances have a rank on each, spares.
+
+A spare is a node of the inventory the Plan gives no role (``NodePlan.role is
+None``): a fault there drains nothing, and it is where a LeaderWorkerSet group
+can be recreated. The topology is plain data (:meth:`Topology.to_dict`) so the
+Kubernetes objects can hand it to the watcher pod in a ConfigMap without the
+stack files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ascend_runtime.planner.plan import Plan
+
+
+@dataclass(frozen=True)
+class Topology:
+    """``nodes``: node -> role (None: spare); ``instances``: instance -> (role, nodes in rank order)."""
+
+    stack: str
+    nodes: dict[str, str | None]
+    instances: dict[str, tuple[str, tuple[str, ...]]]
+    npu_resource: str = "huawei.com/Ascend910"
+    _by_node: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        by_node: dict[str, list[str]] = {n: [] for n in self.nodes}
+        for name, (_, nodes) in sorted(self.instances.items()):
+            for node in nodes:
+                if node not in by_node:
+                    raise ValueError(f"instance {name} has a rank on {node}, which is not a node of the topology")
+                if name not in by_node[node]:
+                    by_node[node].append(name)
+        object.__setattr__(self, "_by_node", {n: tuple(v) for n, v in by_node.items()})
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> Topology:
+        k8s = plan.config.get("kubernetes") or {}
+        return cls(
+            stack=plan.stack,
+            nodes={n.name: n.role for n in plan.nodes},
+            instances={i.name: (i.role, i.nodes) for i in plan.instances},
+            npu_resource=k8s.get("npu_resource") or "huawei.com/Ascend910",
+        )
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Topology:
+        return cls(
+            stack=str(doc["stack"]),
+            nodes={str(n["name"]): n.get("role") for n in doc["nodes"]},
+            instances={str(i["name"]): (str(i["role"]), tuple(i["nodes"])) for i in doc["instances"]},
+            npu_resource=str(doc.get("npu_resource") or "huawei.com/Ascend910"),
+        )
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Topology:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stack": self.stack,
+            "npu_resource": self.npu_resource,
+            "nodes": [{"name": n, "role": r} for n, r in self.nodes.items()],
+            "instances": [{"name": n, "role": r, "nodes": list(ns)} for n, (r, ns) in self.instances.items()],
+        }
+
+    def instances_on(self, node: str) -> tuple[str, ...]:
+        """Instances with a rank on ``node`` (none for a spare)."""
+        return self._by_node.get(node, ())
+
+    def role(self, instance: str) -> str:
+        return self.instances[instance][0]
+
+    def nodes_of(self, instance: str) -> tuple[str, ...]:
+        return self.instances[instance][1]
+
+    @property
+    def spares(self) -> tuple[str, ...]:
+        """Nodes the Plan leaves unused."""
+        return tuple(n for n, r in self.nodes.items() if r is None)
+
+    def node_role(self, node: str) -> str:
+        """``prefill``, ``decode`` or ``spare`` (the metrics' ``role`` label)."""
+        return self.nodes.get(node) or "spare"

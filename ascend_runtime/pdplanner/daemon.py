@@ -1,0 +1,237 @@
+"""The P:D planner process: scrape -> observe -> forecast -> decide -> export (-> publish).
+
+Every ``interval_s`` it GETs the proxy's ``/metrics``, turns the interval since the last
+scrape into an :class:`~ascend_runtime.pdplanner.observe.Observation`, folds arrival rate,
+prompt and output length into Holt forecasters, and runs
+:func:`~ascend_runtime.pdplanner.decide.decide` on the forecast. Every decision is counted
+in ``ascend_pdplanner_decisions_total{reason}``. ``dry_run`` only logs and exports; otherwise
+a change is written atomically as JSON to ``target_file`` (``{"prefill": P, "decode": D, ...}``)
+for whatever scales the instances. Metrics are served on ``metrics_port`` (``/metrics``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
+
+from ascend_runtime.pdplanner.decide import (
+    REASONS,
+    Decision,
+    Load,
+    PlannerConfig,
+    PlannerState,
+    Pool,
+    Slo,
+    decide,
+)
+from ascend_runtime.pdplanner.forecast import HoltForecaster
+from ascend_runtime.pdplanner.observe import Observation, Snapshot, observe, parse
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DaemonConfig:
+    """Process settings; ``default_prompt_tokens`` stands in for the prompt length the proxy does not export."""
+
+    metrics_url: str
+    interval_s: float = 30.0
+    dry_run: bool = True
+    target_file: str | None = None
+    default_prompt_tokens: float = 2048.0
+    default_output_tokens: float = 2048.0
+    alpha: float = 0.5
+    beta: float = 0.3
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+
+
+class PlannerMetrics:
+    """Prometheus metrics on a private registry (names ``ascend_pdplanner_*``)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        p = "ascend_pdplanner_"
+        self.decisions = Counter(p + "decisions", "Decisions by reason and whether they changed the counts",
+                                 ["reason", "change"], registry=r)
+        self.last_reason = Gauge(p + "last_decision", "1 for the reason of the last decision, 0 for the others",
+                                 ["reason"], registry=r)
+        self.target = Gauge(p + "target_instances", "Instances the last decision wants", ["role"], registry=r)
+        self.current = Gauge(p + "current_instances", "Instances in service as the planner sees them", ["role"],
+                             registry=r)
+        self.optimum = Gauge(p + "optimum_instances", "Model optimum before hysteresis and rate limit", ["role"],
+                             registry=r)
+        self.need = Gauge(p + "required_instances", "Fractional instances the model says the forecast needs",
+                          ["role"], registry=r)
+        self.forecast = Gauge(p + "forecast", "Forecast of the next interval", ["series"], registry=r)
+        self.observed = Gauge(p + "observed_seconds", "Observed latency percentiles at the proxy",
+                              ["metric", "quantile"], registry=r)
+        self.modelled = Gauge(p + "modelled_seconds", "Modelled latency behind the decision", ["metric"], registry=r)
+        self.missing = Gauge(p + "missing_series", "1 for each proxy series the planner needed and did not find",
+                             ["series"], registry=r)
+        self.changes = Counter(p + "changes", "Decisions that changed the counts (published or, dry run, logged)",
+                               registry=r)
+        self.dry_run = Gauge(p + "dry_run", "1 when the planner only logs and exports", registry=r)
+        self.scrape_errors = Counter(p + "scrape_errors", "Failed proxy scrapes", registry=r)
+        for reason in REASONS:
+            self.last_reason.labels(reason).set(0)
+
+
+def write_target(path: str, decision: Decision, now: float) -> None:
+    """Write the target counts atomically (temp file + rename)."""
+    doc = {"prefill": decision.prefill, "decode": decision.decode, "reason": decision.reason, "time": now}
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=str(target.parent or "."), prefix=".pd-target-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, sort_keys=True)
+    os.replace(tmp, target)
+
+
+class PDPlanner:
+    """Runs planning cycles against one proxy; ``current`` starts at the Plan's instance counts."""
+
+    def __init__(self, config: DaemonConfig, pool: Pool, slo: Slo, planner: PlannerConfig,
+                 current: tuple[int, int], clock: Callable[[], float] = time.monotonic) -> None:
+        if not config.dry_run and not config.target_file:
+            raise ValueError("a target file is required unless dry_run is set")
+        self.config, self.pool, self.slo, self.planner = config, pool, slo, planner
+        self.current = current
+        self.clock = clock
+        self.state = PlannerState()
+        self.metrics = PlannerMetrics()
+        self.metrics.dry_run.set(1 if config.dry_run else 0)
+        self.rate = HoltForecaster(config.alpha, config.beta)
+        self.prompt = HoltForecaster(config.alpha, 0.0, floor=1.0)
+        self.output = HoltForecaster(config.alpha, 0.0, floor=1.0)
+        self.previous: Snapshot | None = None
+        self.history: list[dict[str, Any]] = []
+
+    def _export_observation(self, obs: Observation) -> None:
+        m = self.metrics
+        for metric, values in (("ttft", (obs.ttft_p50, obs.ttft_p90)), ("tpot", (obs.tpot_p50, obs.tpot_p90))):
+            for q, v in zip(("0.5", "0.9"), values):
+                if v is not None:
+                    m.observed.labels(metric, q).set(v)
+        for series in obs.missing:
+            m.missing.labels(series).set(1)
+
+    def step(self, snapshot: Snapshot) -> dict[str, Any]:
+        """One cycle on a fresh snapshot (no I/O besides the target file); returns its record."""
+        record: dict[str, Any] = {"time": snapshot.time}
+        load: Load | None = None
+        if self.previous is not None:
+            obs = observe(self.previous, snapshot, self.config.default_prompt_tokens)
+            self._export_observation(obs)
+            observed = (obs.instances.get("prefill"), obs.instances.get("decode"))
+            if observed[0] and observed[1]:
+                self.current = (observed[0], observed[1])
+            self.rate.update(obs.arrival_rate)
+            self.prompt.update(obs.prompt_tokens)
+            if obs.output_tokens is not None:
+                self.output.update(obs.output_tokens)
+            load = Load(self.rate.forecast() or 0.0, self.prompt.forecast() or self.config.default_prompt_tokens,
+                        self.output.forecast() or self.config.default_output_tokens)
+            record.update(observation=obs, load=load)
+            for series, value in (("arrival_rate", load.arrival_rate), ("prompt_tokens", load.prompt_tokens),
+                                  ("output_tokens", load.output_tokens)):
+                self.metrics.forecast.labels(series).set(value)
+        self.previous = snapshot
+        d = decide(load, self.current, self.pool, self.slo, self.planner, self.state, snapshot.time)
+        self.state = d.state
+        self._export_decision(d)
+        record.update(decision=d)
+        if d.change:
+            log.info("%s: %dP + %dD -> %dP + %dD %s%s", d.reason, *self.current, d.prefill, d.decode, d.detail,
+                     " (dry run: not published)" if self.config.dry_run else "")
+            if not self.config.dry_run:
+                assert self.config.target_file is not None
+                write_target(self.config.target_file, d, time.time())
+                self.current = (d.prefill, d.decode)
+        else:
+            log.debug("%s: keep %dP + %dD %s", d.reason, *self.current, d.detail)
+        self.history.append(record)
+        return record
+
+    def _export_decision(self, d: Decision) -> None:
+        m = self.metrics
+        m.decisions.labels(d.reason, "true" if d.change else "false").inc()
+        for reason in REASONS:
+            m.last_reason.labels(reason).set(1 if reason == d.reason else 0)
+        m.target.labels("prefill").set(d.prefill)
+        m.target.labels("decode").set(d.decode)
+        m.current.labels("prefill").set(self.current[0])
+        m.current.labels("decode").set(self.current[1])
+        m.optimum.labels("prefill").set(d.optimum[0])
+        m.optimum.labels("decode").set(d.optimum[1])
+        if d.change:
+            m.changes.inc()
+        if d.requirement is not None:
+            r = d.requirement
+            m.need.labels("prefill").set(r.need_p)
+            m.need.labels("decode").set(r.need_d)
+            m.modelled.labels("ttft_floor").set(r.ttft_floor_s)
+            m.modelled.labels("tpot").set(r.decode_tpot_s)
+
+    async def run_cycle(self, session: aiohttp.ClientSession) -> dict[str, Any] | None:
+        """Scrape the proxy and run one cycle; None when the scrape failed (counted, nothing decided)."""
+        try:
+            async with session.get(self.config.metrics_url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                resp.raise_for_status()
+                text = await resp.text()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            log.warning("scraping %s failed: %s", self.config.metrics_url, exc)
+            self.metrics.scrape_errors.inc()
+            return None
+        return self.step(parse(text, self.clock()))
+
+    async def _metrics_app(self) -> web.AppRunner | None:
+        if self.config.metrics_port is None:
+            return None
+
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, self.config.metrics_host, self.config.metrics_port).start()
+        return runner
+
+    async def run(self, stop: asyncio.Event | None = None, max_cycles: int | None = None) -> None:
+        """Cycle every ``interval_s`` until ``stop`` is set or ``max_cycles`` ran."""
+        stop = stop or asyncio.Event()
+        runner = await self._metrics_app()
+        try:
+            async with aiohttp.ClientSession() as session:
+                cycles = 0
+                while not stop.is_set():
+                    await self.run_cycle(session)
+                    cycles += 1
+                    if max_cycles is not None and cycles >= max_cycles:
+                        break
+                    try:
+                        await asyncio.wait_for(stop.wait(), timeout=self.config.interval_s)
+                    except TimeoutError:
+                        pass
+        finally:
+            if runner is not None:
+                await runner.cleanup()

@@ -1,0 +1,132 @@
+"""Proxy metrics -> what the planner observes over one interval.
+
+Reads the proxy's exposition (ascend_runtime/proxy/metrics.py, names ``ascend_proxy_*``):
+
+- arrival rate (requests/s) = (delta requests_total + delta sum of inflight) / interval
+  (requests_total counts finished requests; in-flight growth adds the ones still running);
+- output tokens per request = delta itl_seconds_count / delta requests_total + 1
+  (relayed chunks per request; one token per chunk when streamed, as vLLM streams);
+- TTFT and TPOT percentiles (s) from the interval's ttft_seconds and itl_seconds
+  histogram buckets (linear inside a bucket, as PromQL histogram_quantile);
+- queue depth = sum of inflight{role="prefill"} (requests on prefill instances now);
+- instances per role = series of instance_routable{role} with value 1.
+
+The proxy exports no prompt length: ``prompt_tokens`` is then the configured default
+and ``missing`` names it (and any other absent series).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+P = "ascend_proxy_"
+
+
+@dataclass
+class Snapshot:
+    """Cumulative series at one scrape (``time`` in seconds, monotonic)."""
+
+    time: float
+    requests: float | None = None
+    ttft_buckets: dict[float, float] = field(default_factory=dict)  # le (s) -> cumulative count
+    itl_buckets: dict[float, float] = field(default_factory=dict)
+    itl_count: float | None = None
+    inflight: dict[str, float] = field(default_factory=dict)  # role -> sum over instances
+    routable: dict[str, int] = field(default_factory=dict)  # role -> routable instances
+    prompt_tokens_sum: float | None = None  # a prompt-token counter, if the proxy ever exports one
+
+
+def parse(text: str, now: float) -> Snapshot:
+    """Snapshot of a Prometheus text exposition of the proxy."""
+    s = Snapshot(now)
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            name, labels, value = sample.name, sample.labels, float(sample.value)
+            if name == P + "requests_total":
+                s.requests = (s.requests or 0.0) + value
+            elif name == P + "ttft_seconds_bucket":
+                s.ttft_buckets[float(labels["le"])] = value
+            elif name == P + "itl_seconds_bucket":
+                s.itl_buckets[float(labels["le"])] = value
+            elif name == P + "itl_seconds_count":
+                s.itl_count = value
+            elif name == P + "inflight":
+                s.inflight[labels.get("role", "")] = s.inflight.get(labels.get("role", ""), 0.0) + value
+            elif name == P + "instance_routable":
+                s.routable[labels.get("role", "")] = s.routable.get(labels.get("role", ""), 0) + (1 if value >= 1 else 0)
+            elif name == P + "prompt_tokens_total":
+                s.prompt_tokens_sum = (s.prompt_tokens_sum or 0.0) + value
+    return s
+
+
+def quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float | None:
+    """q-quantile (s) of the observations between two cumulative bucket sets; None if there were none."""
+    if not after:
+        return None
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1]
+    if total <= 0:
+        return None
+    rank = q * total
+    lo, prev = 0.0, 0.0
+    for b, c in zip(bounds, counts):
+        if c >= rank:
+            if math.isinf(b):
+                return lo  # above the last finite bound: report that bound
+            return lo + (b - lo) * ((rank - prev) / (c - prev) if c > prev else 1.0)
+        lo, prev = b, c
+    return lo
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One interval. Rates in requests/s, lengths in tokens, latencies in seconds (None: no data)."""
+
+    interval_s: float
+    arrival_rate: float
+    prompt_tokens: float
+    output_tokens: float | None
+    ttft_p50: float | None
+    ttft_p90: float | None
+    tpot_p50: float | None
+    tpot_p90: float | None
+    queue_depth: float | None
+    instances: dict[str, int]
+    missing: tuple[str, ...]
+
+
+def observe(before: Snapshot, after: Snapshot, default_prompt_tokens: float) -> Observation:
+    """The interval between two snapshots."""
+    dt = max(1e-9, after.time - before.time)
+    missing: list[str] = []
+    if after.requests is None:
+        missing.append(P + "requests_total")
+    d_req = (after.requests or 0.0) - (before.requests or 0.0)
+    d_inflight = sum(after.inflight.values()) - sum(before.inflight.values())
+    if not after.inflight:
+        missing.append(P + "inflight")
+    rate = max(0.0, d_req + d_inflight) / dt
+    out = None
+    if after.itl_count is None:
+        missing.append(P + "itl_seconds")
+    elif d_req > 0:
+        out = max(1.0, (after.itl_count - (before.itl_count or 0.0)) / d_req + 1.0)
+    if after.prompt_tokens_sum is not None and before.prompt_tokens_sum is not None and d_req > 0:
+        prompt = (after.prompt_tokens_sum - before.prompt_tokens_sum) / d_req
+    else:
+        missing.append("prompt_tokens (not exported by the proxy; configured default used)")
+        prompt = default_prompt_tokens
+    if not after.ttft_buckets:
+        missing.append(P + "ttft_seconds")
+    return Observation(
+        interval_s=dt, arrival_rate=rate, prompt_tokens=prompt, output_tokens=out,
+        ttft_p50=quantile(0.5, before.ttft_buckets, after.ttft_buckets),
+        ttft_p90=quantile(0.9, before.ttft_buckets, after.ttft_buckets),
+        tpot_p50=quantile(0.5, before.itl_buckets, after.itl_buckets),
+        tpot_p90=quantile(0.9, before.itl_buckets, after.itl_buckets),
+        queue_depth=after.inflight.get("prefill"), instances=dict(after.routable), missing=tuple(missing),
+    )

@@ -1,0 +1,202 @@
+"""Checks of a stack against the engine release it targets (rules no surface shows).
+
+Each rule names the upstream file it comes from (see
+:mod:`ascend_runtime.engine.releases`); a violation is a :class:`Problem`
+naming the stack key to change, so the engine never starts with a setting that
+the released code would crash on, silently ignore, or degrade under.
+"""
+
+from __future__ import annotations
+
+from ascend_runtime.config.errors import Problem
+from ascend_runtime.config.stack import Role, StackConfig
+from ascend_runtime.engine.releases import (
+    ACLGRAPH_MAX_CAPTURE,
+    IMAGE_REPOSITORY,
+    IMAGE_SUFFIX,
+    EngineRelease,
+    decode_graph_tokens,
+)
+from ascend_runtime.engine.surface import load_surface
+
+ROLES: tuple[Role, Role] = ("prefill", "decode")
+MTP_SPEC_TOKENS = 1  # the kit renders deepseek_mtp with one speculative token
+
+
+def graph_mode_on(config: StackConfig, role: Role) -> bool:
+    """Graph mode of a stage: the stage's setting, else on for decode and off for prefill."""
+    explicit = config.stage(role).graph_mode
+    return role == "decode" if explicit is None else explicit
+
+
+def check_image(config: StackConfig, row: EngineRelease) -> list[Problem]:
+    """An explicit image of the project's repository matches the release and the hardware's CANN base.
+
+    The plain tag is built on the 910B CANN image, ``-a3`` on the A3 one (Dockerfile / Dockerfile.a3 and
+    .github/workflows/image_a3_ubuntu.yml of the release tag).
+    """
+    image = config.engine.image
+    if not image:
+        return []
+    name, _, tag = image.rpartition(":")
+    if not name or "/" in tag:
+        return [Problem("engine.image", "needs an explicit tag", image, "write it as <repository>:<tag>")]
+    suffix = IMAGE_SUFFIX[config.hardware]
+    problems: list[Problem] = []
+    if suffix and not tag.endswith(suffix):
+        problems.append(
+            Problem("engine.image", f"{config.hardware} (910C) needs the {suffix} image; the plain tag is built for 910B",
+                    image, f"use {name}:v{row.version}{suffix} or leave engine.image unset")
+        )
+    if not suffix and tag.endswith("-a3"):
+        problems.append(
+            Problem("engine.image", f"{config.hardware} (910B) cannot run the A3 image", image,
+                    f"use {name}:v{row.version} or leave engine.image unset")
+        )
+    if name == IMAGE_REPOSITORY and not tag.startswith(f"v{row.version}"):
+        problems.append(
+            Problem("engine.image", f"tag does not match engine.vllm_ascend_version {row.version}", image,
+                    f"use {IMAGE_REPOSITORY}:v{row.version}{suffix}")
+        )
+    return problems
+
+
+def check_graphs(config: StackConfig, row: EngineRelease) -> list[Problem]:
+    """The decode graph fits the token budget (:func:`ascend_runtime.engine.releases.decode_graph_tokens`)."""
+    problems: list[Problem] = []
+    for role in ROLES:
+        stage = config.stage(role)
+        if not graph_mode_on(config, role):
+            continue
+        spec = MTP_SPEC_TOKENS if stage.mtp else 0
+        need = decode_graph_tokens(row.version, stage.max_num_seqs, spec, role == "decode", config.hardware, stage.tp)
+        if stage.max_num_batched_tokens < need.tokens:
+            problems.append(
+                Problem(
+                    f"{role}.max_num_batched_tokens",
+                    f"the graph of max_num_seqs {stage.max_num_seqs} sequences"
+                    + (f" (padded to {need.seqs_after_padding})" if need.seqs_after_padding != stage.max_num_seqs else "")
+                    + f" x {1 + spec} tokens needs {need.tokens} tokens per step on vLLM-Ascend {row.version} "
+                    f"({need.source})",
+                    stage.max_num_batched_tokens,
+                    f"set it to {need.tokens} or more (or lower max_num_seqs)",
+                )
+            )
+        if row.graph == "aclgraph" and need.tokens > ACLGRAPH_MAX_CAPTURE and not stage.graph_capture_sizes:
+            problems.append(
+                Problem(
+                    f"{role}.max_num_seqs",
+                    f"{stage.max_num_seqs} x {1 + spec} = {need.tokens} decode tokens exceed the largest default graph "
+                    f"({ACLGRAPH_MAX_CAPTURE}, vllm_ascend/platform.py v{row.version}); steps would run eager",
+                    stage.max_num_seqs,
+                    f"at most {ACLGRAPH_MAX_CAPTURE // (1 + spec)} sequences, or list graph_capture_sizes",
+                )
+            )
+        sizes = stage.graph_capture_sizes
+        if sizes:
+            over = [s for s in sizes if s > stage.max_num_batched_tokens or s < 1]
+            if over:
+                problems.append(
+                    Problem(f"{role}.graph_capture_sizes", "sizes must be 1..max_num_batched_tokens", over)
+                )
+            elif role == "decode" and max(sizes) < need.tokens:
+                problems.append(
+                    Problem(f"{role}.graph_capture_sizes", f"the largest size must hold a full decode step ({need.tokens} tokens)",
+                            max(sizes), f"add {need.tokens}")
+                )
+    return problems
+
+
+def check_experts(config: StackConfig, row: EngineRelease) -> list[Problem]:
+    """Redundant experts reach the engine in the form the release reads; EPLB only where it can run.
+
+    0.23.0: ``eplb_config.num_redundant_experts`` counts only when ``dynamic_eplb`` is on or a map is
+    loaded (vllm_ascend/eplb/core/eplb_utils.py ``init_eplb_config``); EPLB needs expert parallelism
+    (same function: ``assert not eplb_enable`` when ep_size == 1). 0.11.0: ``init_redundancy_expert``
+    adds slots with or without dynamic EPLB (ops/common_fused_moe.py).
+    """
+    problems: list[Problem] = []
+    for role in ROLES:
+        stage = config.stage(role)
+        if stage.eplb is not None and stage.ep == 1:
+            problems.append(Problem(f"{role}.eplb", "expert balancing needs expert parallelism (ep > 1)",
+                                    hint=f"set {role}.ep or remove {role}.eplb"))
+        if stage.redundant_experts and row.redundancy == "eplb_config" and stage.eplb is None:
+            problems.append(
+                Problem(
+                    f"{role}.eplb",
+                    f"vLLM-Ascend {row.version} places redundant experts only under in-engine EPLB "
+                    f"({row.sources['redundancy']}); {stage.redundant_experts} redundant experts would never be used",
+                    hint=f"add {role}.eplb: {{mode: dynamic}} or set {role}.redundant_experts to 0",
+                )
+            )
+        if stage.eplb is not None and stage.ep > 1:
+            problems += _eplb_guide(config, role)
+        if stage.eplb is not None and not row.eplb_policies and stage.eplb.policy != "default":
+            problems.append(Problem(f"{role}.eplb.policy", f"vLLM-Ascend {row.version} has no selectable EPLB policy",
+                                    stage.eplb.policy, "use default"))
+    return problems
+
+
+#: Where the EPLB guide (docs/source/user_guide/feature_guide/expert_parallelism_load_balancer.md, v0.23.0,
+#: "Usage Recommendations") says EPLB costs more than it gains: prefill with prompts under 1024 tokens, decode
+#: with 8 or fewer routed experts per die.
+EPLB_MIN_PREFILL_PROMPT = 1024
+EPLB_MAX_DECODE_EXPERTS_PER_DIE = 8
+
+
+def _eplb_guide(config: StackConfig, role: Role) -> list[Problem]:
+    """Refuse EPLB where the release's guide says it degrades performance (the workload is throughput_check's)."""
+    stage = config.stage(role)
+    if role == "prefill" and config.throughput_check.input_len < EPLB_MIN_PREFILL_PROMPT:
+        return [Problem("prefill.eplb", f"the EPLB guide advises against EPLB on prefill with prompts under "
+                        f"{EPLB_MIN_PREFILL_PROMPT} tokens (the stack's workload: throughput_check.input_len "
+                        f"{config.throughput_check.input_len})", hint="remove prefill.eplb and its redundant_experts")]
+    per_die = config.model.num_routed_experts / stage.ep
+    if role == "decode" and per_die <= EPLB_MAX_DECODE_EXPERTS_PER_DIE:
+        return [Problem("decode.eplb", f"the EPLB guide advises against EPLB on decode with {per_die:g} routed experts "
+                        f"per die (<= {EPLB_MAX_DECODE_EXPERTS_PER_DIE}; ep {stage.ep})",
+                        hint="remove decode.eplb and set decode.redundant_experts to 0, or use a smaller ep")]
+    return []
+
+
+def check_options(config: StackConfig, row: EngineRelease) -> list[Problem]:
+    """Per-stage engine options exist in the release and apply to the stage's role."""
+    problems: list[Problem] = []
+    surface = load_surface(row.version)
+    for i, arg in enumerate(config.engine.extra_args):
+        if arg.startswith("--") and not surface.has_flag(arg):
+            problems.append(
+                Problem(f"engine.extra_args[{i}]", f"vllm serve of vLLM {row.vllm} has no such flag", arg[:60],
+                        "check the spelling against `vllm serve --help` of that release")
+            )
+    for role in ROLES:
+        stage = config.stage(role)
+        if stage.recompute_scheduler and role == "prefill":
+            problems.append(
+                Problem("prefill.recompute_scheduler",
+                        "the recompute scheduler runs on KV consumers (decode) only (vllm_ascend/ascend_config.py "
+                        f"recompute_scheduler_enable, v{row.version})", True, "remove it from prefill")
+            )
+        if stage.recompute_scheduler and "recompute_scheduler" not in row.config_keys:
+            problems.append(Problem(f"{role}.recompute_scheduler", f"vLLM-Ascend {row.version} has no recompute scheduler", True))
+        if stage.micro_batching and not surface.has_flag("--enable-dbo"):
+            problems.append(Problem(f"{role}.micro_batching", f"vLLM {row.vllm} has no --enable-dbo", True))
+        if stage.api_server_count and not surface.has_flag("--api-server-count"):
+            problems.append(Problem(f"{role}.api_server_count", f"vLLM {row.vllm} has no --api-server-count",
+                                    stage.api_server_count))
+        if stage.graph_capture_sizes and row.graph == "torchair" and role == "decode" and stage.mtp:
+            problems.append(
+                Problem(f"{role}.graph_capture_sizes",
+                        "a KV consumer with MTP on torchair captures only max_num_seqs "
+                        "(torchair_model_runner.py update_torchair_graph_batch_sizes, v0.11.0)",
+                        stage.graph_capture_sizes, "remove it")
+            )
+    return problems
+
+
+def check_engine(config: StackConfig, row: EngineRelease, connector: str) -> list[Problem]:
+    """Every engine rule of the targeted release."""
+    problems = check_image(config, row) + check_graphs(config, row) + check_experts(config, row)
+    problems += check_options(config, row)
+    return problems

@@ -1,0 +1,70 @@
+"""The proxy's error answers, in the shape of the engine release it fronts (vLLM 0.23.0).
+
+vLLM 0.23.0 answers every error with ``ErrorResponse``
+(``vllm/entrypoints/openai/engine/protocol.py``)::
+
+    {"error": {"message": "...", "type": "...", "param": null, "code": 400}}
+
+and, once a stream has started, with that object as one SSE ``data:`` event
+before ``data: [DONE]`` (``create_streaming_error_response`` in
+``vllm/entrypoints/openai/engine/serving.py``). The proxy's own errors use the
+same shape; their ``type`` is the HTTP status phrase ("Bad Request",
+"Bad Gateway", "Service Unavailable"), as vLLM's handlers type errors raised at
+the HTTP layer (``http_exception_handler`` and ``validation_exception_handler``
+in ``vllm/entrypoints/serve/utils/server_utils.py``). Engine errors are relayed
+unchanged. A path with no route answers ``{"detail": "Not Found"}`` (404), as
+vLLM's FastAPI app and the reference proxy (a FastAPI app too) do.
+"""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+from typing import Any
+
+from aiohttp import web
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def error_body(message: str, code: int, err_type: str | None = None, param: str | None = None) -> dict[str, Any]:
+    """An ``ErrorResponse``; ``err_type`` defaults to the status phrase."""
+    return {"error": {"message": message, "type": err_type or HTTPStatus(code).phrase, "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, err_type: str | None = None,
+                   headers: dict[str, str] | None = None, param: str | None = None) -> web.Response:
+    """A JSON error answer."""
+    return web.Response(body=_dumps(error_body(message, status, err_type, param)), status=status,
+                        content_type="application/json", headers=headers)
+
+
+def sse_error_event(message: str, code: int = 502, err_type: str | None = None) -> bytes:
+    """A final SSE error event followed by ``[DONE]``."""
+    return b"data: " + _dumps(error_body(message, code, err_type)) + b"\n\ndata: [DONE]\n\n"
+
+
+def relayed_error_event(status: int, body: bytes) -> bytes:
+    """An engine's error answer as the final SSE event of a stream already under way: its ``ErrorResponse``
+    unchanged, or, if the body is not one, wrapped in one with the engine's status."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        return b"data: " + _dumps(parsed) + b"\n\ndata: [DONE]\n\n"
+    return sse_error_event(body.decode(errors="replace"), status)
+
+
+@web.middleware
+async def json_not_found(request: web.Request, handler: Any) -> web.StreamResponse:
+    """No route: ``{"detail": "Not Found"}`` 404 / ``{"detail": "Method Not Allowed"}`` 405 (FastAPI's answers)."""
+    try:
+        return await handler(request)
+    except web.HTTPMethodNotAllowed as exc:
+        return web.Response(body=_dumps({"detail": "Method Not Allowed"}), status=405, content_type="application/json",
+                            headers={"Allow": ", ".join(sorted(exc.allowed_methods))})
+    except web.HTTPNotFound:
+        return web.Response(body=_dumps({"detail": "Not Found"}), status=404, content_type="application/json")

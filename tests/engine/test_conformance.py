@@ -1,0 +1,152 @@
+"""Everything rendered for every stack exists in the release it targets; planted mutations are caught.
+
+The surfaces (ascend_runtime/engine/surfaces/) are extracted from the released
+sources by tools/engine_surface.py; these tests need no network.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from ascend_runtime.deploy.objects.common import Context
+from ascend_runtime.deploy.objects.monitoring import dashboard_json
+from ascend_runtime.engine import conformance
+from ascend_runtime.engine.releases import METRICS, RELEASES
+from ascend_runtime.engine.surface import load_surface, supported_releases
+from ascend_runtime.planner import Plan
+from ascend_runtime.render import engine_args
+from tests.conftest import STACK_NAMES
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Modules that read engine metrics at run time (proxy routing, checks).
+METRIC_READERS = ("ascend_runtime/proxy", "ascend_runtime/checks", "ascend_runtime/balancer")
+
+
+def _dashboard(plan: Plan) -> str:
+    return dashboard_json(Context(plan))
+
+
+@pytest.mark.parametrize("stack", STACK_NAMES)
+def test_every_stack_conforms_to_its_release(plans: dict[str, Plan], stack: str) -> None:
+    plan = plans[stack]
+    assert conformance.plan_violations(plan, _dashboard(plan)) == []
+
+
+def test_both_supported_releases_have_rows_and_surfaces() -> None:
+    assert {"0.11.0", "0.23.0"} <= set(supported_releases())
+    assert set(RELEASES) <= set(supported_releases())
+
+
+@pytest.mark.parametrize("version", sorted(RELEASES))
+def test_release_rows_name_only_what_the_surface_has(version: str) -> None:
+    """Every connector, module path, env switch and config key of a rule row exists in its release."""
+    row, surface = RELEASES[version], load_surface(version)
+    for conn in row.connectors.values():
+        assert surface.kv_connectors.get(conn.kv_connector) == conn.module_path
+        assert conn.module_path in surface.connector_modules
+    for env in row.env_switches.values():
+        assert env in surface.env_vars, env
+    if row.llmdd_rpc_port_env:
+        assert row.llmdd_rpc_port_env in surface.env_vars
+    for path in row.config_keys.values():
+        *section, key = path.split(".")
+        assert key in surface.additional_config.get(section[0] if section else "", frozenset()), path
+        if section:
+            assert section[0] in surface.additional_config[""], path
+    if row.eplb_policies:
+        assert set(surface.eplb_policies) >= set(row.eplb_policies.values())
+    for name in METRICS.values():
+        assert name in surface.metrics, (version, name)
+
+
+@pytest.mark.parametrize("version", sorted(RELEASES))
+def test_metric_names_read_by_proxy_checks_balancer_exist(version: str) -> None:
+    surface = load_surface(version)
+    names: set[str] = set()
+    for folder in METRIC_READERS:
+        for path in (ROOT / folder).rglob("*.py"):
+            names |= conformance.metric_names_in(path.read_text())
+    names -= {"vllm"}
+    assert names, "no metric names found: the scan is broken"
+    assert conformance.metric_violations(names, surface, "runtime readers") == []
+
+
+@pytest.mark.parametrize("version", ["0.11.0", "0.23.0"])
+def test_0_11_and_0_23_plans_conform(edited_plan, version: str) -> None:
+    def edit(cfg):
+        cfg["engine"]["vllm_ascend_version"] = version
+        if version == "0.11.0":
+            for role in ("prefill", "decode"):
+                cfg[role].pop("eplb", None)
+                cfg[role]["max_num_batched_tokens"] = max(cfg[role]["max_num_batched_tokens"], 256)
+
+    plan = edited_plan("a2-staging", edit)
+    assert conformance.plan_violations(plan, _dashboard(plan)) == []
+
+
+# -- mutations: each must be caught -------------------------------------------------------------------------------
+
+
+def test_misspelt_flag_is_caught(plans: dict[str, Plan], monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = plans["a2-staging"]
+    original = engine_args.engine_command
+    monkeypatch.setattr(engine_args, "engine_command", lambda p, r: original(p, r) + ["--max-num-seq", "8"])
+    found = conformance.plan_violations(plan)
+    assert found and all("--max-num-seq " in v for v in found)
+
+
+def test_flag_of_another_release_is_caught(plans: dict[str, Plan], monkeypatch: pytest.MonkeyPatch) -> None:
+    """--api-server-count exists in 0.23 but the mutation renders a flag removed before 0.23 (V0 engine)."""
+    plan = plans["a2-staging"]
+    surface_011, surface_023 = load_surface("0.11.0"), load_surface("0.23.0")
+    only_011 = sorted(surface_011.serve_flags - surface_023.serve_flags)
+    assert only_011, "no flag of 0.11 is gone in 0.23"
+    original = engine_args.engine_command
+    monkeypatch.setattr(engine_args, "engine_command", lambda p, r: original(p, r) + [only_011[0]])
+    assert conformance.plan_violations(plan)
+
+
+def test_unknown_additional_config_key_is_caught(plans: dict[str, Plan], monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = plans["cm384-prod"]
+    original = engine_args.additional_config
+
+    def mutated(p, inst):
+        extra = original(p, inst)
+        extra["enable_weight_nz_layout"] = True  # documented in the 0.23 large-EP guide, not read by its code
+        extra.setdefault("eplb_config", {})["num_redundant_expert"] = 1
+        return extra
+
+    monkeypatch.setattr(engine_args, "additional_config", mutated)
+    found = "\n".join(conformance.plan_violations(plan))
+    assert "enable_weight_nz_layout" in found and "eplb_config.num_redundant_expert" in found
+
+
+def test_connector_module_of_another_release_is_caught(plans: dict[str, Plan], monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = plans["a2-staging"]
+    original = engine_args.kv_transfer_config
+
+    def mutated(p, rank):
+        cfg = original(p, rank)
+        cfg["kv_connector_module_path"] = "vllm_ascend.distributed.mooncake_connector"  # the 0.11 path
+        return cfg
+
+    monkeypatch.setattr(engine_args, "kv_transfer_config", mutated)
+    assert any("kv_connector_module_path" in v for v in conformance.plan_violations(plan))
+
+
+def test_misspelt_env_is_caught(plans: dict[str, Plan]) -> None:
+    plan = plans["a2-staging"]
+    cfg = json.loads(json.dumps(plan.config))
+    cfg["engine"]["extra_env"] = {"VLLM_ASCEND_ENABLE_MLAP0": "1"}
+    mutated = dataclasses.replace(plan, config=cfg)
+    assert any("VLLM_ASCEND_ENABLE_MLAP0" in v for v in conformance.plan_violations(mutated))
+
+
+def test_metric_of_another_release_is_caught(plans: dict[str, Plan]) -> None:
+    plan = plans["a2-staging"]
+    dash = _dashboard(plan).replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+    assert any("gpu_cache_usage_perc" in v for v in conformance.plan_violations(plan, dash))

@@ -1,0 +1,259 @@
+"""Engine rules no surface shows (ascend_runtime.engine.releases, planner/engine_rules.py), one test each.
+
+Each rule's upstream source is named in the module that models it; these tests
+pin the numbers the released code computes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import pytest
+
+from ascend_runtime.config.errors import ConfigError
+from ascend_runtime.engine.releases import decode_graph_tokens
+from ascend_runtime.planner import Plan
+from ascend_runtime.render.engine_args import additional_config, engine_command
+from ascend_runtime.render.environment import rank_env
+
+
+def _paths(err: ConfigError) -> list[str]:
+    return [p.path for p in err.problems]
+
+
+def _arg(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+# -- decode graph sizing ---------------------------------------------------------------------------------------------
+
+
+def test_torchair_graph_rule_matches_upstream_numbers() -> None:
+    """0.11.0 torchair, KV consumer with MTP: (n + ceil(n/16) + ceil(2n/256)) * 2 tokens."""
+    assert decode_graph_tokens("0.11.0", 72, 1, True, "atlas-800i-a2", 1).tokens == 156
+    assert decode_graph_tokens("0.11.0", 96, 1, True, "cm384", 1).tokens == 206
+    assert decode_graph_tokens("0.11.0", 28, 1, True, "atlas-800i-a2", 1).tokens == 2 * (28 + 2 + 1)
+    # on A3 with TP the size is rounded to a multiple of tp
+    assert decode_graph_tokens("0.11.0", 30, 1, True, "cm384", 4).tokens % 4 == 0
+    # no MTP: one graph of max_num_seqs
+    assert decode_graph_tokens("0.11.0", 72, 0, True, "atlas-800i-a2", 1).tokens == 72
+
+
+def test_aclgraph_rule_is_one_full_decode_step() -> None:
+    assert decode_graph_tokens("0.23.0", 72, 1, True, "atlas-800i-a2", 1).tokens == 144
+    assert decode_graph_tokens("0.23.0", 96, 1, True, "cm384", 1).tokens == 192
+
+
+@pytest.mark.parametrize(("stack", "version", "seqs", "need"), [
+    ("a2-staging", "0.23.0", 72, 144), ("cm384-prod", "0.23.0", 96, 192),
+    ("a2-staging", "0.11.0", 72, 156), ("cm384-prod", "0.11.0", 96, 206),
+])
+def test_decode_token_budget_below_the_graph_is_refused(edited_plan, stack, version, seqs, need) -> None:
+    """The stacks' old decode budget (tokens == seqs) crashes or halves decode; the planner refuses it."""
+
+    def edit(cfg):
+        cfg["engine"]["vllm_ascend_version"] = version
+        cfg["decode"].update(max_num_seqs=seqs, max_num_batched_tokens=seqs)
+        if version == "0.11.0":
+            cfg["prefill"].pop("eplb", None)
+
+    with pytest.raises(ConfigError) as err:
+        edited_plan(stack, edit)
+    problem = next(p for p in err.value.problems if p.path == "decode.max_num_batched_tokens")
+    assert f"needs {need} tokens" in problem.message and str(need) in problem.hint
+
+
+def test_committed_decode_budgets_fit_the_graph(plans: dict[str, Plan]) -> None:
+    for plan in plans.values():
+        stage = plan.config["decode"]
+        need = decode_graph_tokens(plan.vllm_ascend_version, stage["max_num_seqs"], 1 if stage["mtp"] else 0, True,
+                                   plan.hardware, stage["tp"]).tokens
+        assert stage["max_num_batched_tokens"] >= need, plan.stack
+
+
+def test_aclgraph_decode_renders_full_decode_only(plans: dict[str, Plan]) -> None:
+    plan = plans["a2-staging"]
+    decode = plan.by_role("decode")[0]
+    argv = engine_command(plan, decode.ranks[0])
+    assert json.loads(_arg(argv, "--compilation-config")) == {"cudagraph_mode": "FULL_DECODE_ONLY"}
+    assert "--enforce-eager" not in argv
+    prefill_argv = engine_command(plan, plan.by_role("prefill")[0].ranks[0])
+    assert "--enforce-eager" in prefill_argv and "--compilation-config" not in prefill_argv
+
+
+# -- image per hardware ----------------------------------------------------------------------------------------------
+
+
+def test_image_follows_hardware(plans: dict[str, Plan]) -> None:
+    assert plans["cm384-prod"].engine_image == "quay.io/ascend/vllm-ascend:v0.23.0-a3"
+    assert plans["a2-staging"].engine_image == "quay.io/ascend/vllm-ascend:v0.23.0"
+
+
+@pytest.mark.parametrize(("stack", "image"), [
+    ("cm384-prod", "quay.io/ascend/vllm-ascend:v0.23.0"),
+    ("a2-staging", "quay.io/ascend/vllm-ascend:v0.23.0-a3"),
+    ("a2-staging", "quay.io/ascend/vllm-ascend:v0.11.0"),
+])
+def test_wrong_image_is_refused(edited_plan, stack, image) -> None:
+    with pytest.raises(ConfigError) as err:
+        edited_plan(stack, lambda c: c["engine"].update(image=image))
+    assert "engine.image" in _paths(err.value)
+
+
+# -- redundant experts reach the engine ------------------------------------------------------------------------------
+
+
+def test_redundant_experts_reach_0_23_through_dynamic_eplb(plans: dict[str, Plan]) -> None:
+    plan = plans["cm384-prod"]
+    for inst in plan.instances:
+        extra = additional_config(plan, inst)
+        env = rank_env(plan, inst.ranks[0])
+        if inst.redundant_experts:
+            assert extra["eplb_config"]["num_redundant_experts"] == inst.redundant_experts
+            assert extra["eplb_config"]["dynamic_eplb"] is True
+            assert extra["eplb_config"]["eplb_heat_collection_stage"] == inst.role
+            assert env["DYNAMIC_EPLB"] == "true"
+            # slots per rank the Plan sized memory for = what the engine places
+            assert (256 + inst.redundant_experts) // inst.ep == inst.expert_slots_per_rank
+        else:
+            assert "eplb_config" not in extra and "DYNAMIC_EPLB" not in env
+
+
+def test_redundant_experts_without_eplb_are_refused_on_0_23(edited_plan) -> None:
+    with pytest.raises(ConfigError) as err:
+        edited_plan("cm384-prod", lambda c: c["prefill"].pop("eplb"))
+    assert "prefill.eplb" in _paths(err.value)
+
+
+def test_eplb_on_ep1_is_refused(edited_plan) -> None:
+    def edit(cfg):
+        cfg["prefill"].update(ep=1, redundant_experts=0)
+
+    with pytest.raises(ConfigError) as err:
+        edited_plan("a2-staging", edit)
+    assert "prefill.eplb" in _paths(err.value)
+
+
+def test_0_11_gets_init_redundancy_expert_per_stage(edited_plan) -> None:
+    def edit(cfg):
+        cfg["engine"]["vllm_ascend_version"] = "0.11.0"
+        for role in ("prefill", "decode"):
+            cfg[role].pop("eplb", None)
+        cfg["decode"]["redundant_experts"] = 64
+
+    plan = edited_plan("cm384-prod", edit)
+    seen = {inst.role: additional_config(plan, inst) for inst in plan.instances}
+    assert seen["prefill"]["init_redundancy_expert"] == 16
+    assert seen["decode"]["init_redundancy_expert"] == 64
+    assert seen["decode"]["torchair_graph_config"] == {"enabled": True}
+    assert "eplb_config" not in seen["decode"]
+
+
+def test_moved_engine_keys_name_the_new_key(edited_plan) -> None:
+    with pytest.raises(ConfigError) as err:
+        edited_plan("a2-staging", lambda c: c["engine"].update(dynamic_eplb=True))
+    assert "prefill.eplb" in str(err.value)
+
+
+# -- connectors, ports and ids ---------------------------------------------------------------------------------------
+
+
+def test_unsupported_release_is_refused_listing_supported(edited_plan) -> None:
+    with pytest.raises(ConfigError) as err:
+        edited_plan("a2-staging", lambda c: c["engine"].update(vllm_ascend_version="0.9.1"))
+    problem = err.value.problems[0]
+    assert problem.path == "engine.vllm_ascend_version"
+    assert "0.23.0" in problem.hint and "0.11.0" in problem.hint
+
+
+def test_llmdatadist_is_refused_on_0_23(edited_plan) -> None:
+    with pytest.raises(ConfigError) as err:
+        edited_plan("a2-staging", lambda c: c["engine"].update(kv_connector="llmdatadist"))
+    assert err.value.problems[0].path == "engine.kv_connector"
+
+
+def test_mooncake_needs_prefill_tp_at_least_decode_tp(edited_plan) -> None:
+    def edit(cfg):
+        cfg["decode"].update(dp=2, tp=16, ep=32, nodes_per_instance=4)
+
+    with pytest.raises(ConfigError) as err:
+        edited_plan("a2-staging", edit)
+    assert "decode.tp" in _paths(err.value)
+
+
+def test_kv_ports_and_engine_ids_as_the_connector_computes_them(plans: dict[str, Plan]) -> None:
+    """Mooncake listens on kv_port + dp_rank * tp + tp_rank: no two ranks on one host share a port,
+    every rank of an instance shares kv_port, engine ids are unique (the connector asserts a remote
+    engine id differs from its own)."""
+    for plan in plans.values():
+        per_host: dict[str, set[int]] = defaultdict(set)
+        ids = [r.engine_id for r in plan.ranks]
+        assert len(ids) == len(set(ids)), plan.stack
+        for inst in plan.instances:
+            assert len({r.kv_port for r in inst.ranks}) == 1
+            tp = inst.tp
+            for rank in inst.ranks:
+                ports = {rank.kv_port + (rank.dp_start_rank + j) * tp + t for j in range(rank.dp_local) for t in range(tp)}
+                assert ports == set(rank.kv_listen_ports)
+                assert not per_host[rank.host_ip] & ports, (plan.stack, rank.name)
+                per_host[rank.host_ip] |= ports
+
+
+def test_headless_ranks_get_no_api_server_count(plans: dict[str, Plan]) -> None:
+    """vLLM 0.23 refuses --api-server-count with --headless (vllm/entrypoints/cli/serve.py)."""
+    plan = plans["cm384-prod"]
+    for rank in plan.ranks:
+        argv = engine_command(plan, rank)
+        if rank.is_leader:
+            assert int(_arg(argv, "--api-server-count")) >= 1
+        else:
+            assert "--headless" in argv and "--api-server-count" not in argv and "--port" not in argv
+
+
+def test_recompute_scheduler_only_on_decode(edited_plan, plans: dict[str, Plan]) -> None:
+    plan = plans["a2-staging"]
+    assert additional_config(plan, plan.by_role("decode")[0])["recompute_scheduler_enable"] is True
+    assert "recompute_scheduler_enable" not in additional_config(plan, plan.by_role("prefill")[0])
+    with pytest.raises(ConfigError) as err:
+        edited_plan("a2-staging", lambda c: c["prefill"].update(recompute_scheduler=True))
+    assert "prefill.recompute_scheduler" in _paths(err.value)
+
+
+def test_extra_args_flag_of_no_release_is_refused(edited_plan) -> None:
+    with pytest.raises(ConfigError) as err:
+        edited_plan("a2-staging", lambda c: c["engine"].update(extra_args=["--no-enable-prefix-caching", "--swap-space", "4"]))
+    # --swap-space was removed before vLLM 0.23; the valid flag before it passes
+    assert _paths(err.value) == ["engine.extra_args[1]"]
+
+
+# -- the EPLB guide's "not recommended" cases are refused ------------------------------------------------------------
+
+
+def test_eplb_on_short_prompt_prefill_is_refused(edited_plan) -> None:
+    """Guide (expert_parallelism_load_balancer.md, v0.23.0): not on P nodes with input shorter than 1024 tokens."""
+    with pytest.raises(ConfigError) as err:
+        edited_plan("a2-staging", lambda c: c["throughput_check"].update(input_len=512))
+    assert "prefill.eplb" in _paths(err.value)
+    edited_plan("a2-staging", lambda c: c["throughput_check"].update(input_len=1024))  # at the threshold: accepted
+
+
+def test_eplb_on_decode_with_few_experts_per_die_is_refused(edited_plan) -> None:
+    """Guide: not on D nodes with <= 8 experts per die (EP32: 8; EP64: 4)."""
+    for stack in ("a2-staging", "cm384-prod"):
+        def edit(cfg):
+            cfg["decode"].update(eplb={"mode": "dynamic"}, redundant_experts=cfg["decode"]["ep"])
+
+        with pytest.raises(ConfigError) as err:
+            edited_plan(stack, edit)
+        assert "decode.eplb" in _paths(err.value)
+
+
+def test_eplb_guide_accepts_decode_with_more_than_8_experts_per_die() -> None:
+    from ascend_runtime.config.loader import load_stack
+    from ascend_runtime.planner.engine_rules import _eplb_guide
+
+    config = load_stack("a2-staging").config
+    decode = config.decode.model_copy(update={"ep": 16, "dp": 16})
+    assert _eplb_guide(config.model_copy(update={"decode": decode}), "decode") == []
+    assert _eplb_guide(config, "decode")  # ep 32: 8 per die

@@ -1,0 +1,1 @@
+"""Tests of the local stack (`up`, `status`, `down`)."""
