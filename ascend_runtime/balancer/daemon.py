@@ -37,15 +37,24 @@ from typing import Any
 import aiohttp
 import numpy as np
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+)
 
 from ascend_runtime.balancer.apply import Applier
-from ascend_runtime.balancer.expert_map import map_to_placement, placement_to_map, validate_map
+from ascend_runtime.balancer.expert_map import (
+    map_to_placement,
+    placement_to_map,
+    validate_map,
+)
 from ascend_runtime.balancer.forecast import LoadForecaster
 from ascend_runtime.balancer.measure import balancedness
 from ascend_runtime.balancer.placement import PlacementConfig, plan_placement
 from ascend_runtime.balancer.publish import Publisher
 from ascend_runtime.balancer.sources import LoadSource
+from ascend_runtime.metrics_server import start_metrics_server
 
 log = logging.getLogger(__name__)
 
@@ -232,19 +241,11 @@ class BalancerDaemon:
         if self.config.metrics_port is None:
             return None
 
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
         async def healthz(_: web.Request) -> web.Response:
             return web.json_response({"ok": True, "cycles": len(self.history)})
 
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/healthz", healthz)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, self.config.metrics_host, self.config.metrics_port).start()
-        return runner
+        return await start_metrics_server(self.metrics.registry, self.config.metrics_host, self.config.metrics_port,
+                                          healthz)
 
     async def run(self, stop: asyncio.Event | None = None, max_cycles: int | None = None) -> None:
         """Cycle every ``interval_s`` until ``stop`` is set or ``max_cycles`` ran."""

@@ -24,3 +24,9 @@ def plan_or_exit(args: argparse.Namespace) -> Plan | None:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
+
+
+def input_error(field: str, message: str) -> int:
+    """Report invalid input naming the option or field; returns exit code 2."""
+    print(f"error: {field}: {message}", file=sys.stderr)
+    return 2

@@ -40,7 +40,6 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ascend_runtime.faults import signals as sig
 from ascend_runtime.faults.kube import KubeClient, KubeError
@@ -53,6 +52,7 @@ from ascend_runtime.faults.recovery import (
     pd_round_trip,
 )
 from ascend_runtime.faults.topology import Topology
+from ascend_runtime.metrics_server import start_metrics_server
 
 log = logging.getLogger(__name__)
 
@@ -477,20 +477,12 @@ class FaultWatcher:
             return None
         stale_after = max(3 * self.config.interval_s, 10.0) + 2 * self.kube.timeout.total  # type: ignore[operator]
 
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
         async def healthz(_: web.Request) -> web.Response:
             fresh = self.last_cycle_at is not None and time.time() - self.last_cycle_at < stale_after
             return web.json_response({"ok": fresh, **self.status()}, status=200 if fresh else 503)
 
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/healthz", healthz)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, self.config.metrics_host, self.config.metrics_port).start()
-        return runner
+        return await start_metrics_server(self.metrics.registry, self.config.metrics_host, self.config.metrics_port,
+                                          healthz)
 
     async def run(self, stop: asyncio.Event | None = None, max_cycles: int | None = None) -> None:
         """Cycle every ``interval_s`` until ``stop`` is set (or ``max_cycles`` ran)."""

@@ -25,13 +25,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
-    generate_latest,
 )
 
+from ascend_runtime.metrics_server import start_metrics_server
 from ascend_runtime.pdplanner.decide import (
     REASONS,
     Decision,
@@ -206,15 +205,7 @@ class PDPlanner:
         if self.config.metrics_port is None:
             return None
 
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, self.config.metrics_host, self.config.metrics_port).start()
-        return runner
+        return await start_metrics_server(self.metrics.registry, self.config.metrics_host, self.config.metrics_port)
 
     async def run(self, stop: asyncio.Event | None = None, max_cycles: int | None = None) -> None:
         """Cycle every ``interval_s`` until ``stop`` is set or ``max_cycles`` ran."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ascend_runtime.cli.stackargs import input_error
 
 PLAN_POLICIES = ("ours", "greedy", "swift_balancer", "flashlb")
 
@@ -73,18 +74,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.set_defaults(func=cmd_serve)
 
 
-def _bad(field: str, message: str) -> int:
-    print(f"error: {field}: {message}", file=sys.stderr)
-    return 2
-
-
 def _read_json(path: str, field: str) -> tuple[Any, int]:
     try:
         return json.loads(Path(path).read_text()), 0
     except FileNotFoundError:
-        return None, _bad(field, f"{path} does not exist; give an existing JSON file")
+        return None, input_error(field, f"{path} does not exist; give an existing JSON file")
     except (OSError, ValueError) as exc:
-        return None, _bad(field, f"{path} is not readable JSON ({exc}); fix the file")
+        return None, input_error(field, f"{path} is not readable JSON ({exc}); fix the file")
 
 
 def _read_history(path: str) -> tuple[np.ndarray | None, int]:
@@ -93,11 +89,11 @@ def _read_history(path: str) -> tuple[np.ndarray | None, int]:
 
     p = Path(path)
     if not p.exists():
-        return None, _bad("--history", f"{path} does not exist; give a .npy file or a directory of dump snapshots")
+        return None, input_error("--history", f"{path} does not exist; give a .npy file or a directory of dump snapshots")
     if p.is_dir():
         snaps = sorted(d for d in p.iterdir() if d.is_dir() and any(d.glob("rank_*.json")))
         if not snaps:
-            return None, _bad("--history", f"{path} has no sub-directories with rank_<r>.json dumps")
+            return None, input_error("--history", f"{path} has no sub-directories with rank_<r>.json dumps")
         source = DirLoadSource("history", snaps[0])
         windows = []
         for snap in snaps:  # replay the snapshots as the daemon's dump-dir source sees them: deltas
@@ -106,12 +102,12 @@ def _read_history(path: str) -> tuple[np.ndarray | None, int]:
             if w is not None:
                 windows.append(w.expert_load)
         if not windows or len({w.shape for w in windows}) != 1:
-            return None, _bad("--history", f"{path}: no load, or snapshots of different layers x experts")
+            return None, input_error("--history", f"{path}: no load, or snapshots of different layers x experts")
         return np.stack(windows), 0
     try:
         hist = np.asarray(np.load(p, allow_pickle=False), dtype=np.float64)
     except (OSError, ValueError) as exc:
-        return None, _bad("--history", f"{path} is not a readable .npy array ({exc})")
+        return None, input_error("--history", f"{path} is not a readable .npy array ({exc})")
     return (hist[None] if hist.ndim == 2 else hist), 0
 
 
@@ -144,7 +140,11 @@ def _plan_one(policy: str, hist: np.ndarray, args: argparse.Namespace, previous:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Plan a map from a load file or history; print balancedness on the last window and moved slots."""
     from ascend_runtime.balancer.eplb_greedy import trivial_placement
-    from ascend_runtime.balancer.expert_map import InvalidExpertMap, map_to_placement, placement_to_map
+    from ascend_runtime.balancer.expert_map import (
+        InvalidExpertMap,
+        map_to_placement,
+        placement_to_map,
+    )
     from ascend_runtime.balancer.measure import balancedness, moved_slots, rank_loads
     from ascend_runtime.balancer.publish import FilePublisher
 
@@ -155,26 +155,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
         try:
             load = np.asarray(doc["expert_load"], dtype=np.float64)
         except (TypeError, KeyError, ValueError):
-            return _bad("--load", 'expected {"expert_load": [[tokens per expert] per layer]}, a rectangular layers x experts array')
+            return input_error("--load", 'expected {"expert_load": [[tokens per expert] per layer]}, a rectangular layers x experts array')
         if load.ndim != 2 or load.size == 0 or (load < 0).any() or not np.isfinite(load).all():
-            return _bad("--load expert_load", f"must be a non-empty layers x experts array of non-negative numbers (got shape {load.shape})")
+            return input_error("--load expert_load", f"must be a non-empty layers x experts array of non-negative numbers (got shape {load.shape})")
         hist = load[None]
     else:
         hist, rc = _read_history(args.history)
         if rc:
             return rc
         if hist.ndim != 3 or hist.size == 0 or (hist < 0).any() or not np.isfinite(hist).all():
-            return _bad("--history", f"must be a non-empty windows x layers x experts array of non-negative numbers (got shape {hist.shape})")
+            return input_error("--history", f"must be a non-empty windows x layers x experts array of non-negative numbers (got shape {hist.shape})")
     last = hist[-1]
     layers, experts = last.shape
     if args.ranks < 1 or args.slots < 1:
-        return _bad("--ranks/--slots", "must be positive")
+        return input_error("--ranks/--slots", "must be positive")
     if args.ranks * args.slots < experts:
-        return _bad("--slots", f"ranks x slots = {args.ranks * args.slots} < {experts} experts; raise --slots to at least {-(-experts // args.ranks)}")
+        return input_error("--slots", f"ranks x slots = {args.ranks * args.slots} < {experts} experts; raise --slots to at least {-(-experts // args.ranks)}")
     if bool(args.groups) != bool(args.nodes):
-        return _bad("--groups/--nodes", "give both for the hierarchical policy, or neither")
+        return input_error("--groups/--nodes", "give both for the hierarchical policy, or neither")
     if args.groups and (experts % args.groups or args.groups % args.nodes or args.ranks % args.nodes):
-        return _bad("--groups/--nodes", f"need experts ({experts}) % groups == 0, groups % nodes == 0 and ranks % nodes == 0")
+        return input_error("--groups/--nodes", f"need experts ({experts}) % groups == 0, groups % nodes == 0 and ranks % nodes == 0")
     previous = None
     if args.previous:
         prev_doc, rc = _read_json(args.previous, "--previous")
@@ -183,9 +183,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         try:
             previous, p_ranks, p_slots = map_to_placement(prev_doc, experts, allow_duplicates=True)
         except InvalidExpertMap as exc:
-            return _bad("--previous", f"{exc}; give a valid map or omit --previous")
+            return input_error("--previous", f"{exc}; give a valid map or omit --previous")
         if (p_ranks, p_slots, previous.shape[0]) != (args.ranks, args.slots, layers):
-            return _bad("--previous", f"map is {previous.shape[0]} layers x {p_ranks} ranks x {p_slots} slots, expected {layers} x {args.ranks} x {args.slots}")
+            return input_error("--previous", f"map is {previous.shape[0]} layers x {p_ranks} ranks x {p_slots} slots, expected {layers} x {args.ranks} x {args.slots}")
     policies = list(dict.fromkeys(args.policy or [{"eplb": "greedy"}.get(args.algorithm, args.algorithm)]))
     plans: dict[str, np.ndarray] = {}
     for policy in policies:
@@ -256,7 +256,11 @@ class _WithSimToken:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Build the daemon from arguments and run it until interrupted."""
-    from ascend_runtime.balancer.apply import DrainRestartApplier, NoopApplier, SimulatorApplier
+    from ascend_runtime.balancer.apply import (
+        DrainRestartApplier,
+        NoopApplier,
+        SimulatorApplier,
+    )
     from ascend_runtime.balancer.daemon import BalancerConfig, BalancerDaemon, Instance
     from ascend_runtime.balancer.placement import PlacementConfig
     from ascend_runtime.balancer.publish import ConfigMapPublisher, FilePublisher
@@ -266,25 +270,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     http, dirs = _pairs(args.instance, "--instance"), _pairs(args.dump_dir, "--dump-dir")
     for parsed, flag in ((http, "--instance"), (dirs, "--dump-dir")):
         if isinstance(parsed, str):
-            return _bad(flag, parsed)
+            return input_error(flag, parsed)
     if not http and not dirs:
-        return _bad("--instance/--dump-dir", "give at least one instance to collect load from")
+        return input_error("--instance/--dump-dir", "give at least one instance to collect load from")
     if args.ranks * args.slots < args.experts:
-        return _bad("--slots", f"ranks x slots = {args.ranks * args.slots} < {args.experts} experts")
+        return input_error("--slots", f"ranks x slots = {args.ranks * args.slots} < {args.experts} experts")
     if args.decay is not None and not 0 < args.decay <= 1:
-        return _bad("--decay", "must be in (0, 1]")
+        return input_error("--decay", "must be in (0, 1]")
     if not args.dry_run and not (args.publish_file or args.configmap):
-        return _bad("--publish-file/--configmap", "give where to publish maps, or --dry-run")
+        return input_error("--publish-file/--configmap", "give where to publish maps, or --dry-run")
     if args.apply == "drain-restart" and not args.proxy:
-        return _bad("--proxy", "drain-restart needs the proxy URL")
+        return input_error("--proxy", "drain-restart needs the proxy URL")
     sim_token = None
     if args.sim_token_env:
         sim_token = os.environ.get(args.sim_token_env)
         if not sim_token:
-            return _bad("--sim-token-env", f"variable {args.sim_token_env} is not set or empty")
+            return input_error("--sim-token-env", f"variable {args.sim_token_env} is not set or empty")
     core_api = None
     if args.configmap or args.apply == "drain-restart":
-        from kubernetes import client, config as kconfig
+        from kubernetes import client
+        from kubernetes import config as kconfig
 
         try:
             kconfig.load_incluster_config()
@@ -298,7 +303,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ref, _, key = args.configmap.partition(":")
         ns, _, name = ref.partition("/")
         if not ns or not name:
-            return _bad("--configmap", "expected NAMESPACE/NAME[:KEY]")
+            return input_error("--configmap", "expected NAMESPACE/NAME[:KEY]")
         publisher = ConfigMapPublisher(core_api, name, ns, args.experts, key or "expert_map.json", args.ranks, args.slots)
     instances = []
     urls = dict(http)

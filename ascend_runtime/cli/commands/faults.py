@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from ascend_runtime import eventloop
+from ascend_runtime.cli.stackargs import input_error
 
 PROXY_TOKEN_ENV = "ASCEND_PROXY_TOKEN"
 
@@ -61,11 +62,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     w.set_defaults(func=cmd_watch)
 
 
-def _bad(field: str, message: str) -> int:
-    print(f"error: {field}: {message}", file=sys.stderr)
-    return 2
-
-
 def cmd_watch(args: argparse.Namespace) -> int:
     """Build the watcher from arguments and run it until interrupted."""
     from ascend_runtime.config.errors import ConfigError
@@ -76,10 +72,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in ("interval", "node_interval", "check_timeout", "api_timeout"):
         if getattr(args, name) <= 0:
-            return _bad("--" + name.replace("_", "-"), "must be > 0")
+            return input_error("--" + name.replace("_", "-"), "must be > 0")
     for name in ("settle", "recheck"):
         if getattr(args, name) < 0:
-            return _bad("--" + name, "must be >= 0")
+            return input_error("--" + name, "must be >= 0")
     namespace = None
     service_default = None
     if args.stack:
@@ -102,30 +98,30 @@ def cmd_watch(args: argparse.Namespace) -> int:
         try:
             topology = Topology.from_file(args.topology)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            return _bad("--topology", f"{args.topology}: {exc}")
+            return input_error("--topology", f"{args.topology}: {exc}")
     service = None
     spec = args.proxy_service or (service_default if not args.proxy else None)
     if spec:
         try:
             service = ProxyService.parse(spec)
         except ValueError as exc:
-            return _bad("--proxy-service", str(exc))
+            return input_error("--proxy-service", str(exc))
     if not args.proxy and service is None:
-        return _bad("--proxy/--proxy-service", "give the proxy replicas to drain on")
+        return input_error("--proxy/--proxy-service", "give the proxy replicas to drain on")
     token = os.environ.get(args.token_env, "")
     if not token:
-        return _bad("--token-env", f"variable {args.token_env} is not set or empty (the proxy admin token)")
+        return input_error("--token-env", f"variable {args.token_env} is not set or empty (the proxy admin token)")
     kube_token = None
     if args.kube_token_env:
         kube_token = os.environ.get(args.kube_token_env)
         if not kube_token:
-            return _bad("--kube-token-env", f"variable {args.kube_token_env} is not set or empty")
+            return input_error("--kube-token-env", f"variable {args.kube_token_env} is not set or empty")
     from ascend_runtime.faults.kube import from_environment
 
     try:
         auth = from_environment(args.kube_api, kube_token, args.kube_context)
     except Exception as exc:  # noqa: BLE001 - the kubeconfig loader raises several kinds
-        return _bad("--kube-api", f"no Kubernetes API: not in a pod and the kubeconfig failed ({exc}); "
+        return input_error("--kube-api", f"no Kubernetes API: not in a pod and the kubeconfig failed ({exc}); "
                                   "give --kube-api URL or a kubeconfig")
     event_ns = None if args.no_events else (args.event_namespace or namespace)
     cfg = WatcherConfig(

@@ -10,7 +10,12 @@ import sys
 from pathlib import Path
 
 from ascend_runtime import eventloop
-from ascend_runtime.proxy.config import Limits, OutlierPolicy, ProxyConfig, RoutingWeights
+from ascend_runtime.proxy.config import (
+    Limits,
+    OutlierPolicy,
+    ProxyConfig,
+    RoutingWeights,
+)
 from ascend_runtime.proxy.instances import (
     InstanceSpec,
     InstanceSpecError,

@@ -19,7 +19,12 @@ from ascend_runtime.cli.stackargs import add_stack_options
 from ascend_runtime.config.errors import ConfigError
 from ascend_runtime.config.loader import load_stack
 from ascend_runtime.planner import build_plan
-from ascend_runtime.render.artifacts import RenderDirError, extra_files, render_artifacts, write_artifacts
+from ascend_runtime.render.artifacts import (
+    RenderDirError,
+    extra_files,
+    render_artifacts,
+    write_artifacts,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
