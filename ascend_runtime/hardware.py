@@ -2,8 +2,14 @@
 
 Sources:
 - Atlas 800I A2: Huawei's DeepSeek-on-Ascend report (facts file, section 1):
-  8 x Ascend 910B per node, 64 GB HBM each, full-mesh HCCS 392 GB/s in a node,
-  50 GB/s between nodes.
+  8 x Ascend 910B per node, 64 GB HBM each, full-mesh HCCS 392 GB/s in a node.
+  Between nodes: one 200 Gbit/s RoCE port per NPU (8 x 200GE per node, 200 GB/s
+  in all): the A2 server with 8 x 910B 64 GB lists "4 x 2-port 200GE RoCE NIC
+  (parameter plane)" (DaoCloud d.run / OceanStor A800 compatibility report,
+  docs/en/docs/storage/dorado/oceanstor.md, Atlas 800T A2), and the same NPU
+  generation has a 200 Gbit/s RDMA port per die on CloudMatrix384 (arXiv
+  2506.12708, section 3). The report's "50 GB/s between nodes" does not match
+  that port count (docs/simulator.md, "Prediction, not fit").
 - CloudMatrix 384: Zuo et al., "Serving Large Language Models on Huawei
   CloudMatrix384", arXiv 2506.12708 (section 3): 384 Ascend 910C NPUs in 48
   compute nodes of 8 NPUs; each 910C is a dual-die package with 128 GB HBM
@@ -63,6 +69,9 @@ ATLAS_800I_A2 = HardwareSpec(
     chips_per_card=1,
     hbm_gib_per_device=64.0,
     intra_node_gbps=392.0 / 8,  # full-mesh HCCS, 392 GB/s per node
+    # The report's figure; 8 x 200GE RoCE per node (25 GB/s per NPU, sources above) is the hardware's own
+    # port rate, used by the prediction model (perf/fit.py A2_ROCE_PER_NPU_BYTES_S). Switching this value
+    # re-baselines tests/sim/test_experts.py and tests/pdplanner/test_decide.py (a2a share falls 4x).
     inter_node_gbps=50.0 / 8,  # switched network, 50 GB/s per node
     super_pod_nodes=None,
     rank_table_version="1.0",

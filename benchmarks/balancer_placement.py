@@ -2,7 +2,9 @@
 
 Run: ``python -m benchmarks.balancer_placement`` (about 40 s on 2 cores per seed);
 ``--seeds 1 2 3 4 5`` reports the goal metrics per seed and over all seeds.
-Writes the ``balancer_placement`` section of docs/benchmarks.md.
+Writes the ``balancer_placement`` section of docs/benchmarks.md. The comparison with every
+upstream policy per load family (trace families, oracle, planner given the observed windows)
+is ``benchmarks/balancer_families.py``; this one keeps the forecast-only interface (no history).
 
 Each case is a synthetic trace (58 layers x 256 experts; skew = std of the
 lognormal popularity; drift = per-window random-walk std of log-popularity;

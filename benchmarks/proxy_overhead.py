@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import socket
@@ -42,9 +43,12 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # ------------------------------------------------------------------ stub engine (its own process)
-def serve_stub(port: int) -> None:
-    """A fast PD stub: prefill returns kv_transfer_params, decode streams timed events."""
+def serve_stub(ports: list[int]) -> None:
+    """A fast PD stub on each of ``ports`` (one simulated instance per port): prefill returns
+    kv_transfer_params, decode streams timed events. ``GET /bench/inflight`` -> {port: open decode streams}."""
     from aiohttp import web
+
+    inflight = {p: 0 for p in ports}
 
     kv = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "bench",
           "remote_block_ids": [1, 2, 3], "remote_host": "127.0.0.1", "remote_port": 30000, "tp_size": 1}
@@ -55,25 +59,45 @@ def serve_stub(port: int) -> None:
         if (req.get("kv_transfer_params") or {}).get("do_remote_decode"):
             return web.Response(body=prefill_body, content_type="application/json")
         n, gap = int(req.get("max_tokens", 16)), float(req.get("bench_gap_s", 0.0))
+        port = request.transport.get_extra_info("sockname")[1]
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         mono = time.monotonic_ns
         start = time.monotonic()
-        for i in range(n):
-            if gap:
-                delay = start + (i + 1) * gap - time.monotonic()
-                await asyncio.sleep(max(0.0, delay))
-            await resp.write(b'data: {"t":%d,"choices":[{"index":0,"text":" w","finish_reason":null}]}\n\n' % mono())
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+        inflight[port] += 1
+        try:
+            for i in range(n):
+                if gap:
+                    delay = start + (i + 1) * gap - time.monotonic()
+                    await asyncio.sleep(max(0.0, delay))
+                await resp.write(b'data: {"t":%d,"choices":[{"index":0,"text":" w","finish_reason":null}]}\n\n'
+                                 % mono())
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        finally:
+            inflight[port] -= 1
         return resp
+
+    async def inflight_route(request: web.Request) -> web.Response:
+        return web.json_response(inflight)
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
     app = web.Application()
-    app.add_routes([web.post("/v1/completions", completions), web.get("/health", health)])
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=4096)
+    app.add_routes([web.post("/v1/completions", completions), web.get("/health", health),
+                    web.get("/bench/inflight", inflight_route)])
+
+    async def serve() -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        for p in ports:
+            await web.TCPSite(runner, "127.0.0.1", p, backlog=4096).start()
+        await asyncio.Event().wait()
+
+    from ascend_runtime import eventloop
+
+    eventloop.run(serve())
 
 
 # ------------------------------------------------------------------ load generator
@@ -88,7 +112,9 @@ async def one_stream(session: aiohttp.ClientSession, url: str, tokens: int, gap:
         async with session.post(url + "/v1/completions", json=body) as resp:
             if resp.status != 200:
                 counts[1] += 1
-                await resp.read()
+                body = await resp.read()
+                if counts[1] <= 3:  # say why, once or twice per run
+                    print(f"error answer {resp.status} from {url}: {body[:300]!r}", file=sys.stderr)
                 continue
             async for line in resp.content:
                 if line.startswith(b'data: {"t":'):
@@ -100,13 +126,31 @@ async def one_stream(session: aiohttp.ClientSession, url: str, tokens: int, gap:
                     counts[0] += 1
 
 
-def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+def proc_cpu_s(pid: int | list[int]) -> float:
+    """utime + stime (seconds) of ``pid`` (or the sum over a list of pids), from /proc/<pid>/stat."""
+    total = 0.0
+    for one in ([pid] if isinstance(pid, int) else pid):
+        fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return total
+
+
+def proc_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (from /proc/<pid>/task/*/children)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return out
 
 
 async def run_load(url: str, concurrency: int, tokens: int, gap: float, duration: float,
-                   cpu_pid: int | None = None) -> dict[str, float]:
+                   cpu_pid: int | list[int] | None = None) -> dict[str, float]:
     lat_ns: list[int] = []
     ttft: list[float] = []
     counts = [0, 0]
@@ -204,6 +248,218 @@ async def main_async(args: argparse.Namespace) -> str:
     return render(args, rows, sat, sat_chunks)
 
 
+# ------------------------------------------------------------------ nginx side by side, worker scaling
+NGINX = "/usr/sbin/nginx"
+
+
+def nginx_conf(workdir: Path, port: int, upstream_port: int) -> Path:
+    """nginx config: one worker, ``proxy_buffering off``, relaying straight to the stub decode (keep-alive)."""
+    conf = workdir / "nginx.conf"
+    conf.write_text(f"""worker_processes 1;
+daemon off;
+pid {workdir}/nginx.pid;
+error_log {workdir}/error.log warn;
+events {{ worker_connections 16384; }}
+http {{
+    access_log off;
+    client_body_temp_path {workdir}/body; proxy_temp_path {workdir}/proxy;
+    fastcgi_temp_path {workdir}/fastcgi; uwsgi_temp_path {workdir}/uwsgi; scgi_temp_path {workdir}/scgi;
+    upstream decode {{ server 127.0.0.1:{upstream_port}; keepalive 1024; }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            proxy_pass http://decode;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 120s;
+        }}
+    }}
+}}
+""")
+    return conf
+
+
+def start_nginx(workdir: Path, port: int, upstream_port: int) -> tuple[subprocess.Popen, int]:
+    """Start nginx (master + one worker); returns (master process, worker pid)."""
+    conf = nginx_conf(workdir, port, upstream_port)
+    master = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(workdir), "-e", str(workdir / "error.log")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        kids = [p for p in proc_tree(master.pid) if p != master.pid]
+        if kids:
+            return master, kids[0]
+        if master.poll() is not None:
+            raise RuntimeError(f"nginx exited: {master.stderr.read().decode() if master.stderr else ''}")
+        time.sleep(0.05)
+    raise TimeoutError("nginx worker did not start")
+
+
+def start_proxy_proc(port: int, prefill: list[str], decode: list[str], workers: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "ascend_runtime", "proxy", "--host", "127.0.0.1", "--port", str(port),
+           "--health-interval-s", "5", "--log-level", "WARNING"] + (["--workers", str(workers)] if workers > 1 else [])
+    for i, u in enumerate(prefill):
+        cmd += ["--prefill", f"{u},name=p{i}"]
+    for i, u in enumerate(decode):
+        cmd += ["--decode", f"{u},name=d{i}"]
+    return subprocess.Popen(cmd, cwd=ROOT)
+
+
+async def proxy_counter(proxy_url: str, name: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(proxy_url + "/metrics") as r:
+        for line in (await r.text()).splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.split()[-1])
+    return 0.0
+
+
+async def relay_vs_nginx(args: argparse.Namespace) -> dict:
+    """Same paced one-token-per-event streams through nginx (straight to the decode) and through the proxy
+    (full PD flow), alternated ``--repeats`` times; CPU of the nginx worker vs the proxy's processes."""
+    import tempfile
+
+    stub_port, proxy_port, nginx_port = free_port(), free_port(), free_port()
+    stub = subprocess.Popen([sys.executable, "-m", "benchmarks.proxy_overhead", "--serve-stub", str(stub_port)],
+                            cwd=ROOT)
+    stub_url = f"http://127.0.0.1:{stub_port}"
+    proxy = start_proxy_proc(proxy_port, [stub_url], [stub_url], 1)
+    proxy_url, nginx_url = f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{nginx_port}"
+    workdir = Path(tempfile.mkdtemp(prefix="bench-nginx-"))
+    nginx, nginx_worker = start_nginx(workdir, nginx_port, stub_port)
+    c, gap = args.relay_streams, args.relay_streams / args.relay_rate
+    tokens = args.relay_tokens
+    pairs = []
+    try:
+        await wait_up(stub_url)
+        await wait_up(proxy_url)
+        await run_load(proxy_url, 16, 16, 0.0, 1.0)  # warm-up
+        await run_load(nginx_url, 16, 16, 0.0, 1.0)
+        pids = proc_tree(proxy.pid)
+        for i in range(args.repeats):
+            order = ("nginx", "proxy") if i % 2 == 0 else ("proxy", "nginx")
+            got = {}
+            for which in order:
+                if which == "nginx":
+                    got["nginx"] = await run_load(nginx_url, c, tokens, gap, args.duration_s, cpu_pid=nginx_worker)
+                else:
+                    ch0 = await proxy_counter(proxy_url, "ascend_proxy_relayed_chunks_total")
+                    ev0 = await proxy_counter(proxy_url, "ascend_proxy_relayed_events_total")
+                    got["proxy"] = await run_load(proxy_url, c, tokens, gap, args.duration_s, cpu_pid=pids)
+                    ch = await proxy_counter(proxy_url, "ascend_proxy_relayed_chunks_total") - ch0
+                    ev = await proxy_counter(proxy_url, "ascend_proxy_relayed_events_total") - ev0
+                    got["proxy"]["events_per_write"] = ev / max(1.0, ch)
+            got["ratio"] = got["proxy"]["tok_per_cpu_s"] / got["nginx"]["tok_per_cpu_s"]
+            print(f"relay repeat {i + 1}: nginx {got['nginx']['tok_per_cpu_s']:.0f} tok/CPU-s, proxy "
+                  f"{got['proxy']['tok_per_cpu_s']:.0f} tok/CPU-s, ratio {got['ratio']:.2f}", file=sys.stderr)
+            pairs.append(got)
+    finally:
+        nginx.terminate()
+        for p in (proxy, stub, nginx):
+            p.terminate()
+            p.wait(timeout=10)
+    return {"streams": c, "gap": gap, "tokens": tokens, "pairs": pairs}
+
+
+async def sample_inflight(stub_url: str, stop: asyncio.Event, samples: list[list[int]]) -> None:
+    async with aiohttp.ClientSession() as s:
+        while not stop.is_set():
+            async with s.get(stub_url + "/bench/inflight") as r:
+                samples.append(list((await r.json()).values()))
+            await asyncio.sleep(0.05)
+
+
+async def worker_scaling(args: argparse.Namespace) -> list[dict]:
+    """Saturating paced load through the proxy with 1 and 2 workers, 4 decode instances (one stub process):
+    tokens/s, CPU, and decode balance (peak / mean open streams per instance, sampled every 50 ms)."""
+    ports = [free_port() for _ in range(4)]
+    stub = subprocess.Popen([sys.executable, "-m", "benchmarks.proxy_overhead", "--serve-stub",
+                             ",".join(map(str, ports))], cwd=ROOT)
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    out = []
+    c, gap = args.scaling_streams, args.scaling_streams / args.scaling_rate
+    tokens = args.tokens or max(8, round(args.duration_s / 2 / gap))
+    try:
+        await wait_up(urls[0])
+        for workers in (1, 2):
+            port = free_port()
+            proxy = start_proxy_proc(port, urls[:1], urls, workers)
+            url = f"http://127.0.0.1:{port}"
+            runs = []
+            try:
+                await wait_up(url)
+                await run_load(url, 16, 16, 0.0, 1.0)  # warm-up
+                for _ in range(args.repeats):
+                    stop, samples = asyncio.Event(), []
+                    sampler = asyncio.create_task(sample_inflight(urls[0], stop, samples))
+                    res = await run_load(url, c, tokens, gap, args.duration_s, cpu_pid=proc_tree(proxy.pid))
+                    stop.set()
+                    await sampler
+                    busy = [s for s in samples if sum(s) >= c / 2]  # steady state
+                    res["imbalance"] = statistics.fmean(max(s) / (sum(s) / len(s)) for s in busy) if busy else math.nan
+                    res["peak_over_mean"] = (max(max(s) for s in busy) / statistics.fmean(sum(s) / len(s) for s in busy)
+                                             if busy else math.nan)
+                    print(f"workers={workers}: {res['tok_s']:.0f} tok/s, imbalance {res['imbalance']:.3f}",
+                          file=sys.stderr)
+                    runs.append(res)
+            finally:
+                proxy.terminate()
+                proxy.wait(timeout=15)
+            out.append({"workers": workers, **median_dict(runs)})
+    finally:
+        stub.terminate()
+        stub.wait(timeout=10)
+    return out
+
+
+def render_relay(args: argparse.Namespace, rel: dict | None, scaling: list[dict] | None) -> str:
+    from benchmarks.report import machine_line
+
+    cmd = "python -m benchmarks.proxy_overhead " + " ".join(sys.argv[1:])
+    out = ["## PD proxy relay cost vs nginx and worker scaling (`benchmarks/proxy_overhead.py`)", "",
+           f"Command: `{cmd}`  ",
+           f"Machine: {machine_line()}, {os.cpu_count()} cores shared by stub, proxy, nginx and load generator; "
+           f"load average before the run: {args.loadavg}.", ""]
+    if rel is not None:
+        ratios = [p["ratio"] for p in rel["pairs"]]
+        med = {w: median_dict([p[w] for p in rel["pairs"]]) for w in ("nginx", "proxy")}
+        out += [
+            f"Relay cost at one token per SSE event: {rel['streams']} streams, token gap {rel['gap'] * 1e3:.1f} ms "
+            f"({args.relay_rate:g} tokens/s offered), {rel['tokens']} tokens/request, {args.duration_s:g} s per run; "
+            "nginx 1.22 (one worker, `proxy_buffering off`, upstream keep-alive) relays the stub decode directly, "
+            "the proxy (one worker) runs the full PD flow (prefill request, then the decode stream relayed). "
+            "CPU = utime + stime from /proc/<pid>/stat of the nginx worker and of the proxy process. "
+            f"Runs alternate nginx / proxy, {args.repeats} pairs; medians.", "",
+            "| relay | tokens/s | CPU s | tokens per CPU-second | token latency p50 / p99 (ms) | errors |",
+            "|---|---|---|---|---|---|",
+        ]
+        for w in ("nginx", "proxy"):
+            m = med[w]
+            out.append(f"| {w} | {m['tok_s']:.0f} | {m['proxy_cpu_s']:.2f} | {m['tok_per_cpu_s']:.0f} "
+                       f"| {m['lat_p50']:.2f} / {m['lat_p99']:.2f} | {m['errors']:.0f} |")
+        out += ["", f"Proxy / nginx tokens per CPU-second: median **{statistics.median(ratios):.2f}x** "
+                    f"(per pair: {', '.join(f'{r:.2f}' for r in ratios)}); goal >= 0.9x. "
+                    f"SSE events per proxy write: {med['proxy']['events_per_write']:.2f}.", ""]
+    if scaling is not None:
+        one = scaling[0]
+        out += [
+            f"Worker scaling: {args.scaling_streams} streams, token gap "
+            f"{args.scaling_streams / args.scaling_rate * 1e3:.1f} ms ({args.scaling_rate:g} tokens/s offered, more "
+            "than the machine relays), 1 prefill and 4 decode instances (one stub process), median of "
+            f"{args.repeats} runs per worker count. Balance: open decode streams per instance sampled every 50 ms "
+            "(samples with at least half the streams open); imbalance = mean over samples of max / mean, "
+            "peak / mean = highest per-instance count over the mean per-instance count.", "",
+            "| workers | tokens/s | vs 1 worker | proxy CPU s | tokens per CPU-second | imbalance (max/mean) "
+            "| peak / mean | token latency p99 (ms) | errors |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in scaling:
+            out.append(f"| {r['workers']} | {r['tok_s']:.0f} | {r['tok_s'] / one['tok_s']:.2f}x "
+                       f"| {r['proxy_cpu_s']:.2f} | {r['tok_per_cpu_s']:.0f} | {r['imbalance']:.3f} "
+                       f"| {r['peak_over_mean']:.2f} | {r['lat_p99']:.1f} | {r['errors']:.0f} |")
+    return "\n".join(out)
+
+
 def render(args: argparse.Namespace, rows: list, sat: dict, sat_chunks: float) -> str:
     from benchmarks.report import machine_line
 
@@ -245,7 +501,7 @@ def render(args: argparse.Namespace, rows: list, sat: dict, sat_chunks: float) -
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--serve-stub", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--serve-stub", help=argparse.SUPPRESS)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("--tokens", type=int, default=0, help="tokens per request (0: about half a run)")
     ap.add_argument("--rate", type=float, default=4000.0, help="aggregate offered tokens/s")
@@ -253,17 +509,33 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="side-by-side repeats per concurrency (medians reported)")
     ap.add_argument("--saturation-streams", type=int, default=256)
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    ap.add_argument("--nginx", action="store_true", help="relay cost side by side with nginx (section proxy_relay)")
+    ap.add_argument("--workers-scaling", action="store_true", help="tokens/s and balance with 1 and 2 workers")
+    ap.add_argument("--no-overhead", action="store_true", help="skip the direct-vs-proxy latency table")
+    ap.add_argument("--relay-streams", type=int, default=256)
+    ap.add_argument("--relay-rate", type=float, default=8000.0, help="tokens/s offered in the nginx comparison")
+    ap.add_argument("--relay-tokens", type=int, default=256, help="tokens per request in the nginx comparison")
+    ap.add_argument("--scaling-streams", type=int, default=512)
+    ap.add_argument("--scaling-rate", type=float, default=60000.0, help="tokens/s offered in the worker scaling")
     args = ap.parse_args()
     if args.serve_stub:
-        serve_stub(args.serve_stub)
+        serve_stub([int(p) for p in args.serve_stub.split(",")])
         return
     args.loadavg = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    md = asyncio.run(main_async(args))
-    print(md)
-    if args.write:
-        from benchmarks.report import write_section
+    from benchmarks.report import write_section
 
-        write_section("proxy_overhead", md)
+    if not args.no_overhead:
+        md = asyncio.run(main_async(args))
+        print(md)
+        if args.write:
+            write_section("proxy_overhead", md)
+    if args.nginx or args.workers_scaling:
+        rel = asyncio.run(relay_vs_nginx(args)) if args.nginx else None
+        scaling = asyncio.run(worker_scaling(args)) if args.workers_scaling else None
+        md = render_relay(args, rel, scaling)
+        print(md)
+        if args.write:
+            write_section("proxy_relay", md)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,19 @@ Modules: ``measure`` (balancedness, moves), ``placement`` (our planner),
 ``sources`` / ``apply`` (plug-ins), ``daemon`` (the loop), ``trace`` (synthetic load).
 """
 
-from ascend_runtime.balancer.expert_map import InvalidExpertMap, map_to_placement, placement_to_map, validate_map
+from ascend_runtime.balancer.expert_map import (
+    InvalidExpertMap,
+    map_to_placement,
+    placement_to_map,
+    validate_map,
+)
 from ascend_runtime.balancer.measure import balancedness, moved_slots
-from ascend_runtime.balancer.placement import PlacementConfig, PlacementResult, place_from_scratch, plan_placement
+from ascend_runtime.balancer.placement import (
+    PlacementConfig,
+    PlacementResult,
+    place_from_scratch,
+    plan_placement,
+)
 
 __all__ = [
     "InvalidExpertMap",

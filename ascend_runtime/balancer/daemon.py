@@ -66,6 +66,12 @@ class Instance:
     name: str
     source: LoadSource
     applier: Applier
+    #: "prefill", "decode" or "" (unknown): the ``stage`` label of the heat metrics
+    stage: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.stage:
+            self.stage = next((s for s in ("prefill", "decode") if s in self.name), "")
 
 
 @dataclass
@@ -106,6 +112,16 @@ class BalancerMetrics:
         self.source_errors = Counter("ascend_balancer_source_errors", "Failed load collections", ["instance"], registry=r)
         self.apply_failures = Counter("ascend_balancer_apply_failures", "Failed map applications", ["instance"], registry=r)
         self.dry_run = Gauge("ascend_balancer_dry_run", "1 when the daemon only plans and reports", registry=r)
+        # fleet-wide expert heat, per instance (every instance of both stages the daemon collects from)
+        heat = ["instance", "stage"]
+        self.routed = Counter("ascend_balancer_routed_tokens", "Token-expert assignments collected (summed over MoE layers)",
+                              heat, registry=r)
+        self.hot_share = Gauge("ascend_balancer_hot_expert_share", "Largest share of a layer's tokens one logical expert "
+                               "received in the last window (max over layers; uniform = 1/experts)", heat, registry=r)
+        self.imbalance = Gauge("ascend_balancer_instance_imbalance", "Max over mean rank load of the last window under "
+                               "the map in service (summed over layers; 1 = balanced)", heat, registry=r)
+        self.layer_share = Gauge("ascend_balancer_layer_hot_expert_share", "Largest expert share per MoE layer, "
+                                 "last window, all instances summed", ["layer"], registry=r)
 
 
 def _digest(doc: dict[str, Any]) -> str:
@@ -167,8 +183,24 @@ class BalancerDaemon:
                 log.warning("%s reports %d experts, expected %d", inst.name, window.expert_load.shape[1], self.config.num_experts)
                 self.metrics.source_errors.labels(inst.name).inc()
                 continue
+            self._record_heat(inst, window.expert_load)
             total = window.expert_load if total is None else total + window.expert_load
+        if total is not None:
+            sums = total.sum(axis=1)
+            share = total.max(axis=1) / np.where(sums > 0, sums, 1.0)
+            for layer, v in enumerate(share):
+                self.metrics.layer_share.labels(str(layer)).set(float(v))
         return total
+
+    def _record_heat(self, inst: Instance, load: np.ndarray) -> None:
+        """Per-instance heat metrics of one window ``[L, E]`` (tokens)."""
+        m, labels = self.metrics, (inst.name, inst.stage)
+        sums = load.sum(axis=1)
+        m.routed.labels(*labels).inc(float(sums.sum()))
+        m.hot_share.labels(*labels).set(float((load.max(axis=1) / np.where(sums > 0, sums, 1.0)).max()))
+        if self.current is not None and self.current.shape[0] == load.shape[0] and sums.min() > 0:
+            b = balancedness(self.current, load, self.config.ranks)
+            m.imbalance.labels(*labels).set(1.0 / b if b > 0 else float("inf"))
 
     async def rollout(self, session: aiohttp.ClientSession) -> bool:
         """Apply the map in service to every instance not yet serving it, one at a time."""
@@ -209,7 +241,7 @@ class BalancerDaemon:
             fc = self.forecaster.forecast()
             previous = self.current if self.current is not None and self.current.shape[0] == fc.mean.shape[0] else None
             result = plan_placement(fc.mean, cfg.ranks, cfg.slots, cfg.groups, cfg.nodes, previous, fc.std, cfg.placement,
-                                    holdout=fc.holdout, last=fc.last)
+                                    holdout=fc.holdout, last=fc.last, history=fc.history)
             before = result.previous_balancedness if result.previous_balancedness is not None else float("nan")
             self.metrics.balancedness.labels("before").set(before)
             self.metrics.balancedness.labels("after").set(result.balancedness)

@@ -51,6 +51,27 @@ class PlacementConfig:
     hedges: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 3.0)  # candidates validated on the holdout windows
     packs: tuple[float, ...] = (0.0,)  # std multiples added to per-replica load when packing (candidates)
     greedy_candidate: bool = True  # EPLB greedy on the last window competes on the holdout windows too
+    #: with ``history`` (observed windows): choose the plan by rolling-origin validation
+    #: (``selection.py``): every candidate below is planned on the windows before each of the
+    #: last ``holdout_windows`` windows and scored on that window; the best total is used
+    select_on_history: bool = True
+    history_decays: tuple[float, ...] = (1.0, 0.5, 0.0)  # newest-window weight; 0 = all windows equally
+    #: further forecast rules (``selection.forecast_of``): "shrink" (pooled AR(1) toward the mean),
+    #: "similar" (mean of the windows within sampling noise of the last one)
+    history_rules: tuple[str, ...] = ("shrink", "similar")
+    history_hedges: tuple[float, ...] = (0.0, 0.674)  # std (over windows) multiples when sizing replicas
+    baseline_candidates: tuple[str, ...] = ("greedy", "greedy_decay")  # EPLB greedy on the last / decayed windows
+    baseline_decay: float = 0.5  # newest-window weight of "greedy_decay"
+    holdout_windows: int = 4
+    #: the history candidate kept unless another beats it on the held-out windows by
+    #: ``selection_evidence`` standard errors (paired per-layer differences); None = best total
+    selection_default: tuple | None = None
+    selection_evidence: float = 2.0
+    #: robust swap search (``robust.py``) on the chosen plan: rounds (0 = off), minimum slots per rank
+    #: (with 2 slots per rank the critical rank has 2 replicas to swap; it measured no gain there)
+    robust_rounds: int = 60
+    robust_min_slots: int = 3
+    trial_layers: int = 30  # layers (evenly spaced) the trials are scored on: one choice serves every layer
     evidence: float = 2.0  # standard errors by which a candidate must beat the unhedged plan on the holdout
     max_swap_rounds: int = 400  # cap on local-search rounds per batch
     trial_swap_rounds: int = 0  # local-search rounds of the holdout trials (they only rank hedges)
@@ -498,8 +519,16 @@ def place_from_scratch(
     config: PlacementConfig = PlacementConfig(),
     holdout=None,
     last: np.ndarray | None = None,
+    history: np.ndarray | None = None,
 ) -> np.ndarray:
     """Placement ``[L, R*S]`` for forecast ``load [L, E]`` (and its ``std [L, E]``).
+
+    ``history [W, L, E]``: the observed windows, oldest first. With at least 3 and
+    ``config.select_on_history``, the plan is chosen among the candidates of
+    :mod:`ascend_runtime.balancer.selection` (ours on several forecast rules and hedges, EPLB
+    greedy on the last and on the decayed windows) by rolling-origin validation, then refined by
+    the robust swap search over the windows the chosen forecast weights (:mod:`.robust`), and
+    ``load``/``std``/``holdout`` are not used.
 
     ``holdout``: ``[(mean, std, window), ...]`` (or one such triple), forecasts made
     before recent windows and the windows that then arrived (``Forecast.holdout``).
@@ -508,7 +537,7 @@ def place_from_scratch(
     lowest peak rank load there (summed over layers and windows) is used.
     Without it, ``config.hedge`` is used.
     """
-    return _scratch(load, ranks, slots, groups, nodes, std, config, holdout, last)[0]
+    return _scratch(load, ranks, slots, groups, nodes, std, config, holdout, last, history)[0]
 
 
 def _scratch(
@@ -521,10 +550,31 @@ def _scratch(
     config: PlacementConfig,
     holdout,
     last: np.ndarray | None = None,
-) -> tuple[np.ndarray, float]:
-    """:func:`place_from_scratch` and the hedge it used (0 when a greedy candidate won)."""
+    history: np.ndarray | None = None,
+) -> tuple[np.ndarray, float, np.ndarray | None]:
+    """:func:`place_from_scratch`, the hedge it used (0 when a greedy candidate won), and, when
+    chosen on ``history``, the hedged load ``[L, E]`` that sized its replicas (else None)."""
     load = np.maximum(np.asarray(load, dtype=np.float64), 0.0)
     _check(load, ranks, slots, groups, nodes)
+    if history is not None and config.select_on_history:
+        from ascend_runtime.balancer import selection
+        from ascend_runtime.balancer.selection import choose
+
+        hist = np.maximum(np.asarray(history, dtype=np.float64), 0.0)
+        if hist.ndim == 3 and hist.shape[1:] == load.shape and hist.shape[0] >= 3:
+            pick = choose(hist, ranks, slots, groups, nodes, config)
+            if pick is not None:
+                plan = None
+                if pick.name[0] == "greedy":
+                    try:
+                        plan = _greedy_refined(pick.load, ranks, slots, groups, nodes, config.max_swap_rounds)
+                    except ValueError:  # more replicas of an expert than ranks: our plan on the same load
+                        pass
+                if plan is None:
+                    plan = _solve([(pick.load, [pick.hedged])], ranks, slots, groups, nodes, config.max_swap_rounds)[0][0]
+                weights = selection.window_weights(pick.name, hist, config)
+                plan = _robust_refine(plan, hist, weights, pick.load, ranks, slots, groups, nodes, config)
+                return plan, 0.0, pick.load if pick.name[0] == "greedy" else pick.hedged
     sd = np.zeros_like(load) if std is None else np.maximum(np.asarray(std, dtype=np.float64), 0.0)
     best: tuple | None = (config.hedge, 0.0)
     pairs = _holdout_pairs(holdout, load.shape)
@@ -547,12 +597,48 @@ def _scratch(
         if best[0] == "greedy":
             src = load if best[1] == "forecast" else np.maximum(np.asarray(last, dtype=np.float64), 0.0)
             try:
-                return _greedy_refined(src, ranks, slots, groups, nodes, config.max_swap_rounds), 0.0
+                return _greedy_refined(src, ranks, slots, groups, nodes, config.max_swap_rounds), 0.0, None
             except ValueError:  # more replicas of an expert than ranks: fall back to our own plans
                 best = ours[_pick(peaks[:, : len(ours)], ours, config)]
     h, k = best
     plan = _solve([(load, [load + h * sd], [load + k * sd])], ranks, slots, groups, nodes, config.max_swap_rounds)[0][0]
-    return plan, h
+    return plan, h, None
+
+
+def _robust_refine(
+    plan: np.ndarray,
+    history: np.ndarray,
+    weights: np.ndarray,
+    load: np.ndarray,
+    ranks: int,
+    slots: int,
+    groups: int | None,
+    nodes: int | None,
+    config: PlacementConfig,
+) -> np.ndarray:
+    """``plan [L, R*S]`` refined by the robust swap search over the observed windows.
+
+    Scenarios: each window of ``history [W, L, E]`` in per-layer shares at ``load``'s layer
+    totals, weighted by ``weights [L, W]`` (the chosen forecast's weights on the windows; windows
+    under 1% of a layer's largest weight are dropped). Replica counts stay; hierarchical plans
+    swap only inside nodes. Unchanged when off, under ``robust_min_slots`` or with one window."""
+    from ascend_runtime.balancer.robust import refine_robust, shares
+
+    if config.robust_rounds <= 0 or slots < config.robust_min_slots:
+        return plan
+    keep = (weights >= 0.01 * weights.max(axis=1, keepdims=True)).any(axis=0)  # [W]
+    if keep.sum() < 2:
+        return plan
+    layers, n = load.shape
+    scen = (shares(history[keep]) * load.sum(axis=1)[None, :, None]).transpose(1, 0, 2)  # [L, K, E]
+    wt = weights[:, keep]
+    wt = wt / wt.sum(axis=1, keepdims=True)
+    blocks = nodes if (groups and nodes and nodes > 1) else 1
+    counts = _presence(plan.reshape(layers, ranks, slots), n).sum(axis=1)  # [L, E]
+    per = scen / np.maximum(counts, 1)[:, None, :]
+    ids = plan.reshape(layers * blocks, ranks // blocks, slots)
+    out = refine_robust(ids, np.repeat(per, blocks, axis=0), config.robust_rounds, np.repeat(wt, blocks, axis=0))
+    return out.reshape(layers, -1)
 
 
 def _pick(peaks: np.ndarray, cands: list[tuple], config: PlacementConfig) -> int:
@@ -598,6 +684,7 @@ def plan_placement(
     config: PlacementConfig = PlacementConfig(),
     holdout=None,
     last: np.ndarray | None = None,
+    history: np.ndarray | None = None,
 ) -> PlacementResult:
     """Plan a placement for the next window.
 
@@ -607,7 +694,7 @@ def plan_placement(
     """
     load = np.maximum(np.asarray(load, dtype=np.float64), 0.0)
     layers, n = load.shape
-    fresh, hedge = _scratch(load, ranks, slots, groups, nodes, std, config, holdout, last)
+    fresh, hedge, chosen = _scratch(load, ranks, slots, groups, nodes, std, config, holdout, last, history)
     b_fresh = balancedness(fresh, load, ranks)
     if previous is None:
         return PlacementResult(fresh, b_fresh, None, 0, False, "scratch")
@@ -617,7 +704,7 @@ def plan_placement(
     b_prev = balancedness(previous, load, ranks)
     if b_fresh < b_prev * (1 + config.min_gain):
         return PlacementResult(previous.copy(), b_prev, b_prev, 0, True, "kept")
-    hedged = load + hedge * (np.zeros_like(load) if std is None else np.asarray(std))
+    hedged = chosen if chosen is not None else load + hedge * (np.zeros_like(load) if std is None else np.asarray(std))
     prev3 = previous.reshape(layers, ranks, slots)
     fresh3 = fresh.reshape(layers, ranks, slots)
     hier = bool(groups and nodes and nodes > 1)

@@ -7,9 +7,19 @@ simulator, the PD proxy).  Python API:
 - :func:`ascend_runtime.checks.loadgen.run_throughput` -> :class:`ThroughputResult`
 """
 
-from ascend_runtime.checks.loadgen import ThroughputConfig, run_throughput, run_throughput_sync
-from ascend_runtime.checks.metrics import RequestResult, ThroughputResult, SLO
-from ascend_runtime.checks.smoke import CheckItem, ItemResult, SmokeReport, run_smoke, run_smoke_sync
+from ascend_runtime.checks.loadgen import (
+    ThroughputConfig,
+    run_throughput,
+    run_throughput_sync,
+)
+from ascend_runtime.checks.metrics import SLO, RequestResult, ThroughputResult
+from ascend_runtime.checks.smoke import (
+    CheckItem,
+    ItemResult,
+    SmokeReport,
+    run_smoke,
+    run_smoke_sync,
+)
 
 __all__ = [
     "CheckItem",

@@ -24,7 +24,12 @@ from typing import Literal
 
 import aiohttp
 
-from ascend_runtime.checks.http import JSON_HEADERS, base_url, make_session, raise_open_file_limit
+from ascend_runtime.checks.http import (
+    JSON_HEADERS,
+    base_url,
+    make_session,
+    raise_open_file_limit,
+)
 from ascend_runtime.checks.metrics import SLO, RequestResult, ThroughputResult
 from ascend_runtime.checks.prompts import request_body, size_prompts
 from ascend_runtime.checks.sse import DONE, SSEDecoder, chunk_text
@@ -219,7 +224,13 @@ class _Progress:
         if not enabled:
             return
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self._p = Progress(
             TextColumn("[bold]{task.description}"),

@@ -16,11 +16,16 @@ from pathlib import Path
 
 import jsonschema
 
-from ascend_runtime.checks.smoke import CheckFailed, CheckItem, SmokeContext
+from ascend_runtime.checks.items import CheckFailed, CheckItem, SmokeContext
 from ascend_runtime.planner.plan import Plan
 from ascend_runtime.render.artifacts import render_artifacts
 from ascend_runtime.render.launch import launch_script
-from ascend_runtime.render.ranktables import PD_TABLE, pd_device_ip, rank_tables, schema_name
+from ascend_runtime.render.ranktables import (
+    PD_TABLE,
+    pd_device_ip,
+    rank_tables,
+    schema_name,
+)
 from ascend_runtime.render.schemas import load_schema
 
 

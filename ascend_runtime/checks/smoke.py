@@ -19,18 +19,26 @@ Built-in items:
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from ascend_runtime.checks.http import JSON_HEADERS, base_url, make_session
+from ascend_runtime.checks.items import (
+    CheckFailed,
+    CheckFn,
+    CheckItem,
+    Instance,
+    ItemResult,
+    SmokeContext,
+    SmokeReport,
+)
+from ascend_runtime.checks.plan_files import plan_file_items
 from ascend_runtime.checks.prompts import request_body
 from ascend_runtime.checks.sse import DONE, SSEDecoder, chunk_text
 
@@ -38,80 +46,6 @@ PREFILL_HEADER = "x-prefill-instance"
 DECODE_HEADER = "x-decode-instance"
 SMOKE_PROMPT = "Say hello to the Ascend cluster in one short sentence"
 SMOKE_MAX_TOKENS = 8
-
-
-class CheckFailed(Exception):
-    """An item failed; the message says what failed."""
-
-
-@dataclass(frozen=True)
-class Instance:
-    """One engine instance: plan name, leader API base URL, role (prefill/decode) if known."""
-
-    name: str
-    url: str
-    role: str | None = None
-
-
-@dataclass
-class SmokeContext:
-    """State shared by the items of one run."""
-
-    session: aiohttp.ClientSession
-    base: str
-    timeout_s: float
-    model: str | None = None
-    instances: list[Instance] = field(default_factory=list)
-    require_pd: bool = True
-    pd_seen: list[tuple[str, str]] = field(default_factory=list)
-
-
-CheckFn = Callable[[SmokeContext], Awaitable[str]]
-
-
-@dataclass(frozen=True)
-class CheckItem:
-    """A named check; ``fn`` returns a detail string or raises on failure."""
-
-    name: str
-    fn: CheckFn
-
-
-@dataclass(frozen=True)
-class ItemResult:
-    """Outcome of one item; ``duration_s`` in seconds."""
-
-    name: str
-    passed: bool
-    detail: str
-    duration_s: float
-
-    def line(self) -> str:
-        """One human-readable PASS/FAIL line."""
-        tag = "PASS" if self.passed else "FAIL"
-        return f"{tag}  {self.name}  ({self.duration_s * 1000:.0f} ms)  {self.detail}"
-
-
-@dataclass
-class SmokeReport:
-    """All item results of one smoke run."""
-
-    endpoint: str
-    items: list[ItemResult]
-
-    @property
-    def passed(self) -> bool:
-        """True when every item passed (and there was at least one)."""
-        return bool(self.items) and all(i.passed for i in self.items)
-
-    @property
-    def failures(self) -> list[ItemResult]:
-        """The failed items."""
-        return [i for i in self.items if not i.passed]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form: endpoint, passed, items[]."""
-        return {"endpoint": self.endpoint, "passed": self.passed, "items": [asdict(i) for i in self.items]}
 
 
 # ---------------------------------------------------------------- helpers
@@ -309,7 +243,6 @@ def stack_items(
 
     A Plan that cannot be loaded becomes one failing item, never a skip.
     """
-    from ascend_runtime.checks.plan_files import plan_file_items  # noqa: PLC0415 - imports this module
 
     try:
         plan = _load_plan(stack, stacks_dir)

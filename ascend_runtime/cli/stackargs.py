@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ascend_runtime.config.errors import ConfigError
@@ -30,3 +31,17 @@ def input_error(field: str, message: str) -> int:
     """Report invalid input naming the option or field; returns exit code 2."""
     print(f"error: {field}: {message}", file=sys.stderr)
     return 2
+
+
+def env_secret(flag: str, variable: str | None, what: str = "") -> tuple[str | None, int]:
+    """The value of the environment variable an option names (``--token-env VAR``), or exit code 2.
+
+    ``variable`` None (the option not given) gives ``(None, 0)``; a variable that is unset or empty
+    is an input error naming ``flag``. ``what`` says what the value is, for the message.
+    """
+    if not variable:
+        return None, 0
+    value = os.environ.get(variable)
+    if not value:
+        return None, input_error(flag, f"variable {variable} is not set or empty{f' ({what})' if what else ''}")
+    return value, 0

@@ -95,6 +95,12 @@ class StageConfig(_Strict):
     hccl_intra: Literal["pcie", "roce"] = Field(
         "pcie", description="HCCL path inside a node: sets HCCL_INTRA_PCIE_ENABLE=1 (pcie) or HCCL_INTRA_ROCE_ENABLE=1 (roce)."
     )
+    modules: "ModulesConfig" = Field(
+        default_factory=lambda: ModulesConfig(),
+        description="Per-module parallel degrees inside the stage's DP x TP grid (docs/modules.md). Keys: o_proj_tp, "
+        "lm_head_tp, embedding_tp, mlp_tp (int, default 1: finegrained_tp_config sizes, each dividing dp), "
+        "shared_expert_dp (bool, default false: enable_shared_expert_dp).",
+    )
 
     @field_validator("graph_capture_sizes")
     @classmethod
@@ -102,6 +108,26 @@ class StageConfig(_Strict):
         if value is not None and (any(v < 1 for v in value) or len(set(value)) != len(value)):
             raise invalid("graph sizes must be distinct positive token counts", "e.g. [8, 16, 32, 64]")
         return value
+
+
+class ModulesConfig(_Strict):
+    """Per-module degrees of one stage, as vLLM-Ascend 0.23.0 reads them (``--additional-config``).
+
+    A module TP degree ``n`` shards that module over ``n`` consecutive DP ranks of the same TP
+    index (vllm_ascend/distributed/parallel_state.py ``_create_or_get_group``, v0.23.0): it is
+    orthogonal to ``tp``, so it must divide ``dp``. 1 leaves the module as the stage's TP shards it.
+    Rules: :mod:`ascend_runtime.planner.modules`.
+    """
+
+    o_proj_tp: int = Field(1, ge=1, description="Attention output projection TP over DP ranks "
+                           "(finegrained_tp_config.oproj_tensor_parallel_size; decode, tp 1, graph mode).")
+    lm_head_tp: int = Field(1, ge=1, description="LM head TP over DP ranks (finegrained_tp_config.lmhead_tensor_parallel_size).")
+    embedding_tp: int = Field(1, ge=1, description="Input embedding TP over DP ranks "
+                              "(finegrained_tp_config.embedding_tensor_parallel_size; needs the recompute scheduler).")
+    mlp_tp: int = Field(1, ge=1, description="Dense FFN layers' TP over DP ranks (finegrained_tp_config.mlp_tensor_parallel_size; "
+                        "the 3 dense layers of DeepSeek-V3/R1, not the MoE layers).")
+    shared_expert_dp: bool = Field(False, description="Shared expert replicated per TP rank instead of TP-sharded "
+                                   "(enable_shared_expert_dp; needs tp > 1 and ep > 1; more HBM).")
 
 
 class ModelStagingConfig(_Strict):
@@ -253,7 +279,7 @@ class DevicePluginConfig(_Strict):
     """The Ascend device plugin, installed only when the cluster lacks it.
 
     The objects are MindCluster's manifest of the pinned release
-    (``ascend_runtime/deploy/objects/device_plugin.py`` ``RELEASE``); ``version`` defaults to
+    (``ascend_runtime/render/objects/device_plugin.py`` ``RELEASE``); ``version`` defaults to
     that release's image tag. Use an image of the same release as the manifest.
     """
 
@@ -268,7 +294,7 @@ class DevicePluginConfig(_Strict):
 class LwsConfig(_Strict):
     """The LeaderWorkerSet controller multi-node engine instances run under.
 
-    The kit pins kubernetes-sigs/lws v0.10.0 (``ascend_runtime/deploy/objects/lws.py`` ``RELEASE``).
+    The kit pins kubernetes-sigs/lws v0.10.0 (``ascend_runtime/render/objects/lws.py`` ``RELEASE``).
     Default: a prerequisite the program checks (it reads the LeaderWorkerSet CRD before creating any);
     ``install`` makes the cluster preparation apply that release's manifest.
     """
@@ -322,6 +348,28 @@ class KubernetesConfig(_Strict):
         return self
 
 
+class PdRatioConfig(_Strict):
+    """How the prefill:decode split is chosen (docs/pd-planner.md).
+
+    ``fixed``: the stages' ``instances`` as declared. ``auto``: besides those fixed instances, ``groups``
+    flexible node groups of lcm(prefill.nodes_per_instance, decode.nodes_per_instance) nodes each may
+    serve either stage; the Plan renders both shapes of every group (only one runs) and the P:D planner
+    (``ascend-deploy pd-planner``) decides which, draining a group in the proxy before it changes stage.
+    """
+
+    mode: Literal["fixed", "auto"] = Field("fixed", description="fixed: the declared instances; auto: the P:D planner moves flexible node groups between prefill and decode.")
+    groups: int = Field(0, ge=0, description="Flexible node groups (auto only), each lcm(prefill.nodes_per_instance, decode.nodes_per_instance) nodes, placed after the fixed instances.")
+    initial_prefill_groups: int = Field(0, ge=0, description="Flexible groups that start in the prefill shape (the others start as decode).")
+    min_prefill: int = Field(1, ge=1, description="Fewest prefill instances in service (fixed + flexible) the planner keeps.")
+    min_decode: int = Field(1, ge=1, description="Fewest decode instances in service (fixed + flexible) the planner keeps.")
+    interval_s: float = Field(30.0, gt=0, description="Seconds between planner decisions.")
+    margin: float = Field(0.15, ge=0, le=1, description="Relative gain a change must clear (hysteresis band).")
+    k_intervals: int = Field(3, ge=1, description="Consecutive intervals a change must be wanted before it is made.")
+    max_changes_per_hour: int = Field(4, ge=0, description="Stage changes allowed in any rolling hour.")
+    drain_timeout_s: float = Field(900.0, gt=0, description="Longest wait for a draining group's in-flight requests (s); past it the change is abandoned and the group undrained, never a request dropped.")
+    ready_timeout_s: float = Field(3600.0, gt=0, description="Longest wait for a group's new shape to pass its health checks (s).")
+
+
 StageConfig.model_rebuild()
 
 
@@ -344,6 +392,7 @@ class StackConfig(_Strict):
     throughput_check: ThroughputCheckConfig = Field(default_factory=ThroughputCheckConfig, description="Post-deploy throughput check.")
     simulator: SimulatorConfig = Field(default_factory=SimulatorConfig, description="Engine simulator (local and kind targets only).")
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig, description="Cluster settings of the Pulumi program.")
+    pd_ratio: PdRatioConfig = Field(default_factory=PdRatioConfig, description="Fixed or planner-chosen prefill:decode split over flexible node groups.")
 
     @field_validator("inventory")
     @classmethod

@@ -1,6 +1,6 @@
 """Pulumi ComponentResources wrapping the object data in typed pulumi_kubernetes resources.
 
-The objects come from :func:`ascend_runtime.deploy.objects.build_system`; this
+The objects come from :func:`ascend_runtime.render.objects.build_system`; this
 layer only adds resource classes, parents, ordering and outputs. Each object
 dict becomes e.g. ``k8s.apps.v1.Deployment(name, metadata=..., spec=...)``.
 """
@@ -15,15 +15,27 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from ascend_runtime.deploy.objects import K8sObject, SystemObjects
 from ascend_runtime.config.errors import ConfigError, Problem
 from ascend_runtime.config.secrets import set_secret_command
-from ascend_runtime.deploy.objects.common import EXPERT_MAP_CONFIGMAP, SECRET_KEYS, env_pulumi_secrets, placeholder_key
-from ascend_runtime.deploy.objects.cluster import lws_prerequisite
-from ascend_runtime.deploy.objects.faults import PROXY_ADMIN_SECRET, fault_watcher_objects
-from ascend_runtime.deploy.objects.lws import RELEASE as LWS_RELEASE
-from ascend_runtime.render.environment import secret_env_references
 from ascend_runtime.planner.plan import InstancePlan, Plan
+from ascend_runtime.render.environment import secret_env_references
+from ascend_runtime.render.objects import K8sObject, SystemObjects
+from ascend_runtime.render.objects.cluster import lws_prerequisite
+from ascend_runtime.render.objects.common import (
+    EXPERT_MAP_CONFIGMAP,
+    SECRET_KEYS,
+    env_pulumi_secrets,
+    placeholder_key,
+)
+from ascend_runtime.render.objects.faults import (
+    PROXY_ADMIN_SECRET,
+    fault_watcher_objects,
+)
+from ascend_runtime.render.objects.lws import RELEASE as LWS_RELEASE
+from ascend_runtime.rollout.order import predecessors
+
+#: Label of a flexible group's engine objects (render/objects/engine.py); their replicas are the planner's.
+FLEXIBLE_LABEL = "ascend-deepseek/flexible"
 
 TYPE_PREFIX = "ascend-deepseek:deploy"
 
@@ -195,6 +207,18 @@ class EngineInstance(_ObjectsComponent):
         inst = args.instance
         self.nodes = list(inst.nodes) if inst else []
 
+    def extra_options(self, obj: K8sObject) -> dict[str, Any]:
+        # a flexible group's workloads (pd_ratio auto): the P:D planner owns their replica count
+        if obj["kind"] in ("Deployment", "LeaderWorkerSet") and obj["metadata"]["labels"].get(FLEXIBLE_LABEL) == "true":
+            return {"ignore_changes": ["spec.replicas"]}
+        return {}
+
+
+class PDPlanner(_ObjectsComponent):
+    """The P:D planner: RBAC on the flexible workloads' replicas, Plan ConfigMap, Deployment, NetworkPolicies."""
+
+    type_name = "PDPlanner"
+
 
 class Proxy(_ObjectsComponent):
     """The PD proxy Deployment, Service, instances ConfigMap and PDB."""
@@ -255,16 +279,23 @@ class ServingSystem(pulumi.ComponentResource):
         self.cluster = ClusterPrep("cluster", ClusterPrepArgs(objs.cluster + objs.node_patches,
                                                               lws=lws_prerequisite(args.plan)), child)
         base = [self.cluster]
-        self.engines: dict[str, EngineInstance] = {
-            name: EngineInstance(name, EngineInstanceArgs(o, base, args.plan.instance(name)), child)
-            for name, o in objs.engines.items()
-        }
+        # one instance of a role at a time: each waits for the previous one of its role (the order of
+        # `ascend-deploy rollout`), so an image change replaces them one after another (docs/rollout.md)
+        previous = predecessors((n, args.plan.instance(n).role, args.plan.instance(n).ordinal) for n in objs.engines)
+        self.engines: dict[str, EngineInstance] = {}
+        for name in sorted(objs.engines, key=list(previous).index):
+            before = previous[name]
+            deps = [*base, *([self.engines[before]] if before else [])]
+            self.engines[name] = EngineInstance(name, EngineInstanceArgs(objs.engines[name], deps,
+                                                                         args.plan.instance(name)), child)
         self.proxy = Proxy("proxy", ObjectsArgs(objs.proxy, base), child)
         self.balancer = Balancer("balancer", ObjectsArgs(objs.balancer, base), child) if objs.balancer else None
         faults = fault_watcher_objects(args.plan, pulumi.Config().get_secret(PROXY_ADMIN_SECRET) is not None,
                                        present_secrets())
         self.faults = FaultWatcher("faults", ObjectsArgs(faults, base), child) if faults else None
         self.network = NetworkPolicies("network", ObjectsArgs(objs.network, base), child)
+        self.pdplanner = (PDPlanner("pdplanner", ObjectsArgs(objs.pdplanner, [*base, *self.engines.values()]), child)
+                          if objs.pdplanner else None)
         self.monitoring = Monitoring("monitoring", ObjectsArgs(objs.monitoring, base), child)
         workloads = [*self.engines.values(), self.proxy, *([self.balancer] if self.balancer else [])]
         self.checks = (

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import pulumi
 
-from ascend_runtime.deploy import renderers
-from ascend_runtime.deploy.components import ServingSystem, ServingSystemArgs, present_secrets, require_env_secrets
-from ascend_runtime.deploy.objects import build_system, deploys_to_kubernetes
-from ascend_runtime.deploy.objects.common import digest
+from ascend_runtime.deploy.components import (
+    ServingSystem,
+    ServingSystemArgs,
+    present_secrets,
+    require_env_secrets,
+)
 from ascend_runtime.engine.conformance import require_conformance
 from ascend_runtime.planner import Plan, load_plan
+from ascend_runtime.render.objects import build_system, deploys_to_kubernetes
+from ascend_runtime.render.objects import text as renderers
+from ascend_runtime.render.objects.common import digest
 
 
 def rank_table_digests(plan: Plan) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 Every name below is MindCluster's (tag ``v26.1.0``, commit
 ``9e132e216bb7b81f4a2742a4ac6d3b50754e8a77``, the release the kit's device plugin
-manifest pins: ``ascend_runtime/deploy/objects/device_plugin.py``), except the Node
+manifest pins: ``ascend_runtime/render/objects/device_plugin.py``), except the Node
 ``Ready`` condition, which is Kubernetes' own.
 
 1. **Ascend Device Plugin, per node**: ConfigMap ``mindx-dl-deviceinfo-<node>`` in

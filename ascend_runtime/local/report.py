@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ascend_runtime.local.host import HostLoad, CpuUse, cpu_sample, load_average, mean_modelled_step, step_totals
+from ascend_runtime.local.host import (
+    CpuUse,
+    HostLoad,
+    cpu_sample,
+    load_average,
+    mean_modelled_step,
+    step_totals,
+)
 
 if TYPE_CHECKING:
     from ascend_runtime.checks import SmokeReport, ThroughputConfig, ThroughputResult

@@ -46,7 +46,12 @@ from ascend_runtime.local.processes import (
     stop_process_group,
 )
 from ascend_runtime.local.state import ProcessRecord, StackState
-from ascend_runtime.local.topology import TOKEN_FILES, listen_ports, local_processes, write_instances_file
+from ascend_runtime.local.topology import (
+    TOKEN_FILES,
+    listen_ports,
+    local_processes,
+    write_instances_file,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -80,15 +80,19 @@ def listen_ports(plan: Plan) -> list[ListenPort]:
     return ports
 
 
+def simulator_spec(plan: Plan, name: str, stacks_dir: str | None = None) -> ProcessSpec:
+    """The simulator of instance ``name`` (a running or, with ``pd_ratio: auto``, a standby instance)."""
+    inst = plan.instance(name)
+    where = ("--stacks-dir", str(stacks_dir)) if stacks_dir else ()
+    argv = _cli("sim", "--stack", plan.stack, *where, "--instance", inst.name, "--admin-token-env", SIM_TOKEN_ENV)
+    return ProcessSpec(inst.name, "simulator", argv, f"{inst.api_url}/health", (SIM_TOKEN_ENV,))
+
+
 def local_processes(plan: Plan, state_dir: Path, stacks_dir: str | None = None) -> list[ProcessSpec]:
     """Simulators first (prefill, then decode), then the proxy, then the balancer."""
     if plan.target != "local":
         raise ValueError(f"stack {plan.stack} targets {plan.target!r}; the local launcher runs only target 'local' stacks")
-    specs = []
-    where = ("--stacks-dir", str(stacks_dir)) if stacks_dir else ()
-    for inst in plan.instances:
-        argv = _cli("sim", "--stack", plan.stack, *where, "--instance", inst.name, "--admin-token-env", SIM_TOKEN_ENV)
-        specs.append(ProcessSpec(inst.name, "simulator", argv, f"{inst.api_url}/health", (SIM_TOKEN_ENV,)))
+    specs = [simulator_spec(plan, inst.name, stacks_dir) for inst in plan.instances]
     instances_file = state_dir / "instances.json"
     specs.append(
         ProcessSpec(

@@ -7,6 +7,13 @@ prompt and output length into Holt forecasters, and runs
 in ``ascend_pdplanner_decisions_total{reason}``. ``dry_run`` only logs and exports; otherwise
 a change is written atomically as JSON to ``target_file`` (``{"prefill": P, "decode": D, ...}``)
 for whatever scales the instances. Metrics are served on ``metrics_port`` (``/metrics``).
+
+With flexible node groups (``pd_ratio: auto``, a :class:`GroupPool`) the decision is
+:func:`~ascend_runtime.pdplanner.decide.decide_split` (how many groups serve prefill) and, unless
+``dry_run``, a :class:`~ascend_runtime.pdplanner.actuate.GroupMover` carries it out in the
+background (drain, restart in the other shape, re-register); cycles during a move decide nothing
+(reason ``acting``). Prompt lengths come from the prefill engines' ``/metrics``
+(``engine_urls``; observe.py).
 """
 
 from __future__ import annotations
@@ -34,15 +41,17 @@ from ascend_runtime.metrics_server import start_metrics_server
 from ascend_runtime.pdplanner.decide import (
     REASONS,
     Decision,
+    GroupPool,
     Load,
     PlannerConfig,
     PlannerState,
     Pool,
     Slo,
     decide,
+    decide_split,
 )
 from ascend_runtime.pdplanner.forecast import HoltForecaster
-from ascend_runtime.pdplanner.observe import Observation, Snapshot, observe, parse
+from ascend_runtime.pdplanner.observe import Observation, Snapshot, observe, parse, parse_engine_prompts
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +99,12 @@ class PlannerMetrics:
                                registry=r)
         self.dry_run = Gauge(p + "dry_run", "1 when the planner only logs and exports", registry=r)
         self.scrape_errors = Counter(p + "scrape_errors", "Failed proxy scrapes", registry=r)
+        self.prefill_groups = Gauge(p + "prefill_groups", "Flexible node groups serving prefill (pd_ratio auto)",
+                                    registry=r)
+        self.moves = Counter(p + "group_moves", "Flexible group moves by target role and result (ok, abandoned)",
+                             ["role", "result"], registry=r)
+        self.move_seconds = Gauge(p + "last_move_seconds", "Phases of the last group move (drain, restart)",
+                                  ["phase"], registry=r)
         for reason in REASONS:
             self.last_reason.labels(reason).set(0)
 
@@ -108,9 +123,16 @@ class PDPlanner:
     """Runs planning cycles against one proxy; ``current`` starts at the Plan's instance counts."""
 
     def __init__(self, config: DaemonConfig, pool: Pool, slo: Slo, planner: PlannerConfig,
-                 current: tuple[int, int], clock: Callable[[], float] = time.monotonic) -> None:
-        if not config.dry_run and not config.target_file:
-            raise ValueError("a target file is required unless dry_run is set")
+                 current: tuple[int, int], clock: Callable[[], float] = time.monotonic,
+                 groups: GroupPool | None = None, mover: Any = None,
+                 engine_urls: Callable[[], list[str]] | None = None) -> None:
+        if not config.dry_run and not config.target_file and mover is None:
+            raise ValueError("a target file or a group mover is required unless dry_run is set")
+        if mover is not None and groups is None:
+            raise ValueError("a group mover needs the flexible group pool")
+        self.groups, self.mover, self.engine_urls = groups, mover, engine_urls
+        self.current_k = mover.prefill_groups() if mover is not None else 0
+        self.move_task: asyncio.Task[Any] | None = None
         self.config, self.pool, self.slo, self.planner = config, pool, slo, planner
         self.current = current
         self.clock = clock
@@ -143,7 +165,8 @@ class PDPlanner:
             if observed[0] and observed[1]:
                 self.current = (observed[0], observed[1])
             self.rate.update(obs.arrival_rate)
-            self.prompt.update(obs.prompt_tokens)
+            if obs.prompt_tokens is not None:
+                self.prompt.update(obs.prompt_tokens)
             if obs.output_tokens is not None:
                 self.output.update(obs.output_tokens)
             load = Load(self.rate.forecast() or 0.0, self.prompt.forecast() or self.config.default_prompt_tokens,
@@ -153,17 +176,30 @@ class PDPlanner:
                                   ("output_tokens", load.output_tokens)):
                 self.metrics.forecast.labels(series).set(value)
         self.previous = snapshot
-        d = decide(load, self.current, self.pool, self.slo, self.planner, self.state, snapshot.time)
+        if self.groups is not None:
+            if self.mover is not None:
+                self.current_k = self.mover.prefill_groups()
+            self.current = self.groups.counts(self.current_k)
+            self.metrics.prefill_groups.set(self.current_k)
+            if self.move_task is not None and not self.move_task.done():
+                d = Decision(*self.current, "acting", False, self.current, None, self.state,
+                             "a group move is under way", self.current_k)
+            else:
+                d = decide_split(load, self.current_k, self.groups, self.slo, self.planner, self.state, snapshot.time)
+        else:
+            d = decide(load, self.current, self.pool, self.slo, self.planner, self.state, snapshot.time)
         self.state = d.state
         self._export_decision(d)
         record.update(decision=d)
         if d.change:
             log.info("%s: %dP + %dD -> %dP + %dD %s%s", d.reason, *self.current, d.prefill, d.decode, d.detail,
                      " (dry run: not published)" if self.config.dry_run else "")
-            if not self.config.dry_run:
+            if not self.config.dry_run and self.mover is None:
                 assert self.config.target_file is not None
                 write_target(self.config.target_file, d, time.time())
                 self.current = (d.prefill, d.decode)
+            elif self.groups is not None and self.mover is None:
+                self.current_k = d.prefill_groups or 0  # dry run: count as if it had happened
         else:
             log.debug("%s: keep %dP + %dD %s", d.reason, *self.current, d.detail)
         self.history.append(record)
@@ -199,7 +235,42 @@ class PDPlanner:
             log.warning("scraping %s failed: %s", self.config.metrics_url, exc)
             self.metrics.scrape_errors.inc()
             return None
-        return self.step(parse(text, self.clock()))
+        snapshot = parse(text, self.clock())
+        if self.engine_urls is not None:
+            snapshot.engine_prompts = await self._scrape_engines(session)
+        record = self.step(snapshot)
+        d = record["decision"]
+        if d.change and self.mover is not None and not self.config.dry_run and d.prefill_groups is not None:
+            self.move_task = asyncio.create_task(self._move(d.prefill_groups))
+        return record
+
+    async def _scrape_engines(self, session: aiohttp.ClientSession) -> dict[str, tuple[float, float]]:
+        """``vllm:request_prompt_tokens`` (sum, count) of every prefill engine that answers."""
+        assert self.engine_urls is not None
+
+        async def one(url: str) -> tuple[str, tuple[float, float] | None]:
+            try:
+                async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                    if resp.status != 200:
+                        return url, None
+                    return url, parse_engine_prompts(await resp.text())
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                return url, None
+
+        found = await asyncio.gather(*(one(u) for u in self.engine_urls()))
+        return {u: v for u, v in found if v is not None}
+
+    async def _move(self, prefill_groups: int) -> None:
+        """Carry a decision out; a failed or abandoned move is logged and counted, the split stays."""
+        try:
+            for result in await self.mover.apply(prefill_groups):
+                self.metrics.moves.labels(result.to_role, "ok" if result.ok else "abandoned").inc()
+                self.metrics.move_seconds.labels("drain").set(result.drain_s)
+                self.metrics.move_seconds.labels("restart").set(result.restart_s)
+        except Exception:  # noqa: BLE001 - the daemon keeps planning; the traceback is in the log
+            log.exception("moving flexible groups to %d prefill groups failed", prefill_groups)
+        self.current_k = self.mover.prefill_groups()
+        self.metrics.prefill_groups.set(self.current_k)
 
     async def _metrics_app(self) -> web.AppRunner | None:
         if self.config.metrics_port is None:
@@ -224,5 +295,8 @@ class PDPlanner:
                     except TimeoutError:
                         pass
         finally:
+            if self.move_task is not None and not self.move_task.done():
+                log.info("waiting for the group move under way to finish before stopping")
+                await asyncio.shield(self.move_task)
             if runner is not None:
                 await runner.cleanup()

@@ -28,7 +28,7 @@ from ascend_runtime.perf import model as pm
 
 #: Every reason a decision can carry (the ``reason`` label of the planner's metrics).
 REASONS = ("slo_ttft", "slo_tpot", "scale_down", "idle", "steady", "hysteresis", "rate_limited", "pool_exhausted",
-           "slo_unattainable", "no_data")
+           "slo_unattainable", "no_data", "acting")
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,8 @@ class Decision:
     requirement: Requirement | None
     state: PlannerState
     detail: str = ""
+    #: Flexible groups in the prefill shape the decision wants (:func:`decide_split` only).
+    prefill_groups: int | None = None
 
 
 def requirement(load: Load, pool: Pool, slo: Slo, cfg: PlannerConfig) -> Requirement:
@@ -234,3 +236,104 @@ def decide(load: Load | None, current: tuple[int, int], pool: Pool, slo: Slo, cf
                         PlannerState(streak, direction, recent),
                         f"{base} held: {len(recent)} changes in the last hour (limit {cfg.max_changes_per_hour})")
     return Decision(opt[0], opt[1], base, True, opt, req, PlannerState(0, (0, 0), recent + (now,)), detail)
+
+
+@dataclass(frozen=True)
+class GroupPool:
+    """A stack's pool with flexible node groups (``pd_ratio.mode: auto``).
+
+    ``fixed_prefill`` / ``fixed_decode`` instances always run; each of ``groups`` groups runs either
+    ``per_group_prefill`` prefill or ``per_group_decode`` decode instances. ``min_prefill`` /
+    ``min_decode``: fewest instances of each stage in service.
+    """
+
+    prefill: StagePool
+    decode: StagePool
+    fixed_prefill: int
+    fixed_decode: int
+    groups: int
+    per_group_prefill: int
+    per_group_decode: int
+    min_prefill: int = 1
+    min_decode: int = 1
+
+    def counts(self, k: int) -> tuple[int, int]:
+        """(prefill, decode) instances with ``k`` groups in the prefill shape."""
+        return (self.fixed_prefill + k * self.per_group_prefill,
+                self.fixed_decode + (self.groups - k) * self.per_group_decode)
+
+    def feasible(self) -> list[int]:
+        """Group splits that keep both minimums."""
+        return [k for k in range(self.groups + 1)
+                if self.counts(k)[0] >= self.min_prefill and self.counts(k)[1] >= self.min_decode]
+
+    def as_pool(self) -> Pool:
+        """The same nodes as a :class:`Pool` (for :func:`requirement`)."""
+        nodes = (self.fixed_prefill * self.prefill.nodes_per_instance + self.fixed_decode * self.decode.nodes_per_instance
+                 + self.groups * self.per_group_prefill * self.prefill.nodes_per_instance)
+        return Pool(nodes, self.prefill, self.decode)
+
+
+def headroom(pool: GroupPool, k: int, req: Requirement) -> float:
+    """min over stages of instances / needed instances with ``k`` prefill groups (inf: no load)."""
+    p, d = pool.counts(k)
+    hp = p / req.need_p if req.need_p > 0 else math.inf
+    hd = d / req.need_d if req.need_d > 0 else math.inf
+    return min(hp, hd)
+
+
+def decide_split(load: Load | None, current_k: int, pool: GroupPool, slo: Slo, cfg: PlannerConfig,
+                 state: PlannerState, now: float) -> Decision:
+    """How many flexible groups serve prefill next (``prefill_groups``), the others serving decode.
+
+    The pool's NPUs are all in service whatever the split. Headroom is min(p / need_p, d / need_d);
+    the target is the split nearest the current one (fewest groups moved) whose headroom is at least
+    1 + margin, or, when none is, the split with the most headroom. A move is wanted only when
+    the current split is short or near it (headroom below 1 + margin) and the best split's headroom
+    beats it by the margin; it then passes the same K-interval streak and hourly limit as
+    :func:`decide`. Reasons: ``slo_ttft`` (groups move to prefill), ``slo_tpot`` (to decode),
+    ``pool_exhausted`` (even the best split is short; moved if it helps, else held), ``steady``,
+    ``hysteresis``, ``rate_limited``, ``idle`` (no load: nothing moves), ``slo_unattainable``, ``no_data``.
+    """
+    cur = pool.counts(current_k)
+    keep = lambda reason, st, detail="", req=None, opt=cur: Decision(  # noqa: E731
+        cur[0], cur[1], reason, False, opt, req, st, detail, current_k)
+    reset = replace(state, streak=0, direction=(0, 0))
+    if load is None:
+        return keep("no_data", reset)
+    req = requirement(load, pool.as_pool(), slo, cfg)
+    if load.arrival_rate < cfg.idle_rate:
+        return keep("idle", reset, "no load: the split is kept", req)
+    if not (math.isfinite(req.need_p) and math.isfinite(req.need_d)):
+        which = "TTFT" if not math.isfinite(req.need_p) else "TPOT"
+        return keep("slo_unattainable", reset, f"the {which} SLO cannot be met by this instance shape at any load", req)
+    ks = pool.feasible() or [current_k]
+    enough = [k for k in ks if headroom(pool, k, req) >= 1 + cfg.margin]
+    if enough:  # the fewest groups moved that give both stages the margin (then the most headroom)
+        best = min(enough, key=lambda k: (abs(k - current_k), -headroom(pool, k, req)))
+    else:  # the pool is short whatever the split: the most headroom
+        best = max(ks, key=lambda k: (headroom(pool, k, req), -abs(k - current_k)))
+    h_cur, h_best = headroom(pool, current_k, req), headroom(pool, best, req)
+    opt = pool.counts(best)
+    detail = (f"headroom {h_cur:.2f} with {current_k} prefill groups, {h_best:.2f} with {best} "
+              f"(need {req.need_p:.2f}P + {req.need_d:.2f}D)")
+    if best == current_k or h_cur >= 1 + cfg.margin or h_best <= h_cur * (1 + cfg.margin):
+        if best == current_k:
+            reason = "pool_exhausted" if h_cur < 1 else "steady"
+        else:
+            reason = "steady" if h_cur >= 1 + cfg.margin else ("pool_exhausted" if h_best < 1 else "hysteresis")
+        return keep(reason, reset, detail, req, opt)
+    base = "slo_ttft" if best > current_k else "slo_tpot"
+    if h_best < 1:
+        base = "pool_exhausted"
+    direction = (1 if best > current_k else -1, -1 if best > current_k else 1)
+    streak = state.streak + 1 if direction == state.direction else 1
+    if streak < cfg.k_intervals:
+        return keep("hysteresis", replace(state, streak=streak, direction=direction),
+                    f"{base} wanted for {streak} of {cfg.k_intervals} intervals; {detail}", req, opt)
+    recent = tuple(t for t in state.change_times if now - t < 3600.0)
+    if len(recent) >= cfg.max_changes_per_hour:
+        return keep("rate_limited", PlannerState(streak, direction, recent),
+                    f"{base} held: {len(recent)} changes in the last hour (limit {cfg.max_changes_per_hour}); {detail}",
+                    req, opt)
+    return Decision(opt[0], opt[1], base, True, opt, req, PlannerState(0, (0, 0), recent + (now,)), detail, best)

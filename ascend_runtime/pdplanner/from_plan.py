@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ascend_runtime.pdplanner.decide import Pool, Slo, StagePool
+from ascend_runtime.pdplanner.decide import GroupPool, PlannerConfig, Pool, Slo, StagePool
 from ascend_runtime.perf.model import StageShape
 from ascend_runtime.planner.plan import Plan
 
@@ -35,3 +35,61 @@ def slo_from_plan(plan: Plan) -> Slo:
 def counts_from_plan(plan: Plan) -> tuple[int, int]:
     """(prefill, decode) instances the Plan deploys."""
     return len(plan.by_role("prefill")), len(plan.by_role("decode"))
+
+
+def group_pool_from_plan(plan: Plan) -> GroupPool | None:
+    """The flexible pool of a ``pd_ratio: auto`` stack (None for a fixed split)."""
+    if not plan.flex_groups:
+        return None
+    g = plan.flex_groups[0]
+    flex = {n for grp in plan.flex_groups for n in (*grp.prefill, *grp.decode)}
+    fixed = lambda role: sum(1 for i in plan.by_role(role) if i.name not in flex)  # noqa: E731
+    pd = plan.config["pd_ratio"]
+    return GroupPool(stage_pool(plan, "prefill"), stage_pool(plan, "decode"), fixed("prefill"), fixed("decode"),
+                     len(plan.flex_groups), len(g.prefill), len(g.decode), int(pd["min_prefill"]), int(pd["min_decode"]))
+
+
+def planner_config_from_plan(plan: Plan) -> PlannerConfig:
+    """The decision knobs the stack's ``pd_ratio`` sets."""
+    pd = plan.config.get("pd_ratio") or {}
+    return PlannerConfig(margin=float(pd.get("margin", 0.15)), k_intervals=int(pd.get("k_intervals", 3)),
+                         max_changes_per_hour=int(pd.get("max_changes_per_hour", 4)))
+
+
+def plan_from_json(text: str) -> Plan:
+    """A Plan from its ``Plan.to_json`` (derived fields such as ``api_url`` are dropped); ValueError when malformed.
+
+    In a cluster the planner reads the Plan from its ConfigMap (render/objects/pdplanner.py): the image
+    carries no stack files.
+    """
+    import dataclasses  # noqa: PLC0415
+    import json  # noqa: PLC0415
+    import typing  # noqa: PLC0415
+
+    from ascend_runtime.planner import plan as plan_module  # noqa: PLC0415
+
+    def build(cls, data):  # type: ignore[no-untyped-def]
+        hints = typing.get_type_hints(cls, vars(plan_module))
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in data:
+                continue
+            kwargs[f.name] = convert(hints[f.name], data[f.name])
+        return cls(**kwargs)
+
+    def convert(tp, value):  # type: ignore[no-untyped-def]
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if dataclasses.is_dataclass(tp):
+            return build(tp, value)
+        if origin is tuple:
+            inner = args[0]
+            return tuple(convert(inner, v) for v in value)
+        if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+            real = [a for a in args if a is not type(None)]
+            return None if value is None else convert(real[0], value)
+        return value
+
+    try:
+        return build(Plan, json.loads(text))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a Plan JSON document: {exc}") from None

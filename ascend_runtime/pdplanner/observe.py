@@ -11,8 +11,14 @@ Reads the proxy's exposition (ascend_runtime/proxy/metrics.py, names ``ascend_pr
 - queue depth = sum of inflight{role="prefill"} (requests on prefill instances now);
 - instances per role = series of instance_routable{role} with value 1.
 
-The proxy exports no prompt length: ``prompt_tokens`` is then the configured default
-and ``missing`` names it (and any other absent series).
+The proxy exports no prompt length. The prompt length per request is read from the prefill
+engines instead: vLLM's ``vllm:request_prompt_tokens`` histogram (``_sum`` / ``_count`` over the
+interval, summed over instances and engine labels; registered in ``PrometheusStatLogger``,
+vllm/v1/metrics/loggers.py, vLLM 0.23.0; the simulator exports the same family). A prefill
+instance finishes every request after its one token, so its histogram holds every prompt. A
+counter that went down (the instance restarted) is left out of that interval. With no engine
+series at all, ``prompt_tokens`` is the configured default and ``missing`` names it; with
+series but no request in the interval it is None (nothing to learn).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ class Snapshot:
     inflight: dict[str, float] = field(default_factory=dict)  # role -> sum over instances
     routable: dict[str, int] = field(default_factory=dict)  # role -> routable instances
     prompt_tokens_sum: float | None = None  # a prompt-token counter, if the proxy ever exports one
+    #: prefill engine URL -> (vllm:request_prompt_tokens_sum, _count) at this scrape
+    engine_prompts: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def parse(text: str, now: float) -> Snapshot:
@@ -60,6 +68,33 @@ def parse(text: str, now: float) -> Snapshot:
             elif name == P + "prompt_tokens_total":
                 s.prompt_tokens_sum = (s.prompt_tokens_sum or 0.0) + value
     return s
+
+
+def parse_engine_prompts(text: str) -> tuple[float, float] | None:
+    """(sum, count) of ``vllm:request_prompt_tokens`` over every label set of one engine's exposition."""
+    total, count, seen = 0.0, 0.0, False
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            if sample.name == "vllm:request_prompt_tokens_sum":
+                total += float(sample.value)
+                seen = True
+            elif sample.name == "vllm:request_prompt_tokens_count":
+                count += float(sample.value)
+                seen = True
+    return (total, count) if seen else None
+
+
+def engine_prompt_mean(before: Snapshot, after: Snapshot) -> tuple[float | None, bool]:
+    """(mean prompt tokens per request over the interval or None, whether any engine series exists)."""
+    d_sum = d_count = 0.0
+    for url, (s1, c1) in after.engine_prompts.items():
+        if url not in before.engine_prompts:
+            continue
+        s0, c0 = before.engine_prompts[url]
+        if c1 < c0 or s1 < s0:
+            continue  # restarted during the interval
+        d_sum, d_count = d_sum + s1 - s0, d_count + c1 - c0
+    return (d_sum / d_count if d_count > 0 else None), bool(after.engine_prompts)
 
 
 def quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float | None:
@@ -88,7 +123,7 @@ class Observation:
 
     interval_s: float
     arrival_rate: float
-    prompt_tokens: float
+    prompt_tokens: float | None
     output_tokens: float | None
     ttft_p50: float | None
     ttft_p90: float | None
@@ -115,8 +150,12 @@ def observe(before: Snapshot, after: Snapshot, default_prompt_tokens: float) -> 
         missing.append(P + "itl_seconds")
     elif d_req > 0:
         out = max(1.0, (after.itl_count - (before.itl_count or 0.0)) / d_req + 1.0)
+    engine_prompt, engine_series = engine_prompt_mean(before, after)
+    prompt: float | None
     if after.prompt_tokens_sum is not None and before.prompt_tokens_sum is not None and d_req > 0:
         prompt = (after.prompt_tokens_sum - before.prompt_tokens_sum) / d_req
+    elif engine_series:
+        prompt = engine_prompt
     else:
         missing.append("prompt_tokens (not exported by the proxy; configured default used)")
         prompt = default_prompt_tokens

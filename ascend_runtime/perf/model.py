@@ -17,6 +17,17 @@ Units: seconds, tokens, bytes, bytes/s; "per NPU" divides by the stage's dp x tp
     decode_tokens_per_s_npu  = dp * b * (1 + a) / decode_step_s / npus
     kv_bytes_per_token       = layers * (kv_lora_rank + qk_rope_head_dim) * dtype bytes  (61 x 576 x 2 = 70,272 B)
     kv_transfer_s(P)         = P * kv_bytes_per_token / link bytes/s   (link: the hardware's PD link rate)
+
+Per-module degrees (``StageShape.modules``, :mod:`ascend_runtime.planner.modules`) and two-micro-batch
+overlap (``StageShape.micro_batching``) enter each step as (raw = uncalibrated seconds, k as above):
+
+    step        = k * (1 ms + C + M)                       C = dense + experts + dW / HBM_bw,  M = all2all + sum_coll
+    step (mb)   = k * (1 ms + max(C + W / HBM_bw, M + 2 L_moe alpha))   both micro-batches read the weights
+    dW          = weight bytes read per step with the module degrees - without them (o_proj, dense FFN,
+                  LM head, shared expert; the embedding is a lookup, not read whole)
+    sum_coll    = sum over the modules' collectives of count * (alpha + t_bytes)
+    t_bytes     = max(per-peer bytes / intra-node link, remote peers x per-peer bytes / inter-node link)
+    alpha       = collective_latency_s() (fitted on the release's measured o_proj row, perf/fit.py)
 """
 
 from __future__ import annotations
@@ -28,10 +39,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ascend_runtime.config.model import ModelShape
+from ascend_runtime.planner.modules import ModuleDegrees, module_collectives, module_weight_bytes, weight_delta_bytes
 from ascend_runtime.sim.capacity import kv_capacity_tokens
 from ascend_runtime.sim.config import HARDWARE, ROLE_DEFAULTS, SimConfig
-from ascend_runtime.sim.timing import BORROWED, REFERENCES, TimingModel
+from ascend_runtime.sim.timing import BORROWED, REFERENCE_DECODE_CONTEXT, REFERENCES, STEP_OVERHEAD_S, TimingModel
 
+#: Mean decode context of the published "2K in + 2K out" points (tokens).
+REFERENCE_CONTEXT = REFERENCE_DECODE_CONTEXT
 #: Bits per byte (link rates are given in Gbit/s).
 BITS_PER_BYTE = 8
 
@@ -55,6 +69,10 @@ class StageShape:
     max_num_batched_tokens: int | None = None
     link_gbps: float | None = None
     model: str = "deepseek-ai/DeepSeek-R1"
+    #: per-module degrees inside dp x tp (default: none deviates)
+    modules: ModuleDegrees = ModuleDegrees()
+    #: two micro-batches overlap compute with communication (vLLM --enable-dbo)
+    micro_batching: bool = False
 
     @property
     def npus(self) -> int:
@@ -95,10 +113,54 @@ def default_imbalance(shape: StageShape) -> float:
     return REFERENCES[BORROWED.get((shape.hardware, shape.role), (shape.hardware, shape.role))].imbalance
 
 
-def _uniform_step(shape: StageShape, decode_tokens: float, decode_context: float, prefill_tokens: float,
-                  prefill_attn: float, imbalance: float | None) -> float:
-    """Calibrated step (s) with every DP rank carrying the same batch and uniform routing (max rank x imbalance)."""
-    tm = _timing(shape)
+def collective_latency_s() -> float:
+    """alpha: seconds per collective call beyond its bytes (fitted in :mod:`ascend_runtime.perf.fit`)."""
+    from ascend_runtime.perf.fit import fitted_collective_latency_s  # noqa: PLC0415
+
+    return fitted_collective_latency_s()
+
+
+def _group_seconds_per_peer_byte(tm: TimingModel, tp: int, n: int) -> tuple[float, int, int]:
+    """(s per byte on one intra-node link, local peers, remote peers) of a module group of n DP ranks x tp."""
+    npn = tm.hw.npus_per_node
+    local = max(0, min(n, max(1, npn // max(tp, 1))) - 1)
+    return 1.0 / tm.hw.intra_node_bandwidth, local, n - 1 - local
+
+
+def collective_seconds(tm: TimingModel, tp: int, bytes_sent: float, n: int, alpha: float) -> float:
+    """Raw seconds of one collective: alpha + max(per-peer bytes over a local link, remote bytes over the NIC)."""
+    if n <= 1:
+        return 0.0
+    per_peer = bytes_sent / (n - 1)
+    s_intra, local, remote = _group_seconds_per_peer_byte(tm, tp, n)
+    t = max(per_peer * s_intra if local else 0.0, per_peer * remote / tm.hw.inter_node_bandwidth)
+    return alpha + t
+
+
+def module_terms(shape: StageShape, tm: TimingModel, tokens: float, sampled: float,
+                 alpha: float | None = None) -> tuple[float, float]:
+    """(weight-read change, collectives) in raw seconds per step of one DP rank for ``shape.modules``."""
+    d = shape.modules
+    if d.uniform:
+        return 0.0, 0.0
+    m = tm.shape
+    alpha = collective_latency_s() if alpha is None else alpha
+    read = ("o_proj", "dense_ffn", "lm_head", "shared_experts")
+    new = module_weight_bytes(m, shape.tp, d, shape.mtp)
+    old = module_weight_bytes(m, shape.tp, ModuleDegrees(), shape.mtp)
+    d_read = sum(new[k] - old[k] for k in read) / tm.hw.hbm_bandwidth
+    coll = sum(c.count * collective_seconds(tm, shape.tp, c.bytes_sent, c.group, alpha)
+               for c in module_collectives(m, shape.tp, d, tokens, sampled, shape.mtp))
+    return d_read, coll
+
+
+def step_on(tm: TimingModel, shape: StageShape, decode_tokens: float, decode_context: float, prefill_tokens: float,
+            prefill_attn: float, imbalance: float | None, sampled: float | None = None,
+            alpha: float | None = None) -> float:
+    """Step (s) of ``shape`` on a given TimingModel (its ``scale`` is k): uniform batch, modules, micro-batching.
+
+    ``sampled``: tokens reaching the LM head per DP rank (default: the decode tokens, else 1).
+    """
     imb = default_imbalance(shape) if imbalance is None else imbalance
     dp, ep = shape.dp, shape.ep
     per_rank = decode_tokens + prefill_tokens
@@ -110,7 +172,27 @@ def _uniform_step(shape: StageShape, decode_tokens: float, decode_context: float
     ranks = np.ones(dp)
     st = tm.step_ranks(ranks * decode_tokens, ranks * decode_context, ranks * prefill_tokens, ranks * prefill_attn,
                        load, active)
-    return st.total
+    if shape.modules.uniform and not shape.micro_batching:
+        return st.total
+    if st.total == 0:
+        return 0.0
+    sampled = (decode_tokens if decode_tokens else 1.0) if sampled is None else sampled
+    d_read, coll = module_terms(shape, tm, per_rank, sampled, alpha)
+    compute = st.dense + st.experts + d_read
+    comm = st.all2all + coll
+    if shape.micro_batching:
+        a = collective_latency_s() if alpha is None else alpha
+        raw = STEP_OVERHEAD_S + max(compute + tm.t_weights + d_read, comm + 2 * tm.moe_layers * a)
+    else:
+        raw = STEP_OVERHEAD_S + compute + comm
+    return tm.scale * raw
+
+
+def _uniform_step(shape: StageShape, decode_tokens: float, decode_context: float, prefill_tokens: float,
+                  prefill_attn: float, imbalance: float | None, sampled: float | None = None) -> float:
+    """Calibrated step (s) with every DP rank carrying the same batch and uniform routing (max rank x imbalance)."""
+    return step_on(_timing(shape), shape, decode_tokens, decode_context, prefill_tokens, prefill_attn, imbalance,
+                   sampled)
 
 
 def prefill_step_s(shape: StageShape, prompt_tokens: int, batch_per_rank: int, imbalance: float | None = None) -> float:
@@ -124,7 +206,7 @@ def prefill_step_s(shape: StageShape, prompt_tokens: int, batch_per_rank: int, i
     budget = int(_timing(shape).cfg.max_num_batched_tokens)
     if batch_per_rank * prompt_tokens <= budget:
         n, P = batch_per_rank, prompt_tokens
-        return _uniform_step(shape, 0, 0, n * P, n * P * (P / 2.0), imbalance)
+        return _uniform_step(shape, 0, 0, n * P, n * P * (P / 2.0), imbalance, sampled=n)
     if batch_per_rank != 1:
         raise ValueError(f"{batch_per_rank} x {prompt_tokens} tokens exceed max_num_batched_tokens {budget} per rank")
     total, done = 0.0, 0
@@ -182,6 +264,10 @@ def kv_capacity_seqs(shape: StageShape, context_tokens: float) -> int:
     try:
         tokens = kv_capacity_tokens(_timing(shape).cfg)
     except ValueError:
+        return 0
+    m = _timing(shape).shape  # module degrees move weight bytes in or out of the KV budget
+    tokens -= weight_delta_bytes(m, shape.tp, shape.modules, shape.mtp) / m.kv_bytes_per_token(with_mtp=shape.mtp)
+    if tokens <= 0:
         return 0
     return int(tokens // max(1.0, context_tokens))
 

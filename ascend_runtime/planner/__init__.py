@@ -11,13 +11,25 @@ import os
 from ascend_runtime.config.errors import ConfigError, Problem
 from ascend_runtime.config.loader import load_stack
 from ascend_runtime.config.stack import Stack
+from ascend_runtime.engine.releases import default_image
 from ascend_runtime.hardware import hardware_spec
+from ascend_runtime.planner.engine_rules import check_engine
+from ascend_runtime.planner.flex import check_pd_ratio, place_flex_groups, planned_instances
 from ascend_runtime.planner.memory import estimate_memory, expert_slots_per_rank
 from ascend_runtime.planner.placement import place_instances
-from ascend_runtime.planner.plan import InstancePlan, NodePlan, Plan, PlannedDevice, RankPlan
-from ascend_runtime.planner.validation import check_inventory, check_ports, check_stage_shapes
-from ascend_runtime.engine.releases import default_image
-from ascend_runtime.planner.engine_rules import check_engine
+from ascend_runtime.planner.plan import (
+    FlexGroup,
+    InstancePlan,
+    NodePlan,
+    Plan,
+    PlannedDevice,
+    RankPlan,
+)
+from ascend_runtime.planner.validation import (
+    check_inventory,
+    check_ports,
+    check_stage_shapes,
+)
 from ascend_runtime.planner.versions import connector_dialect, target_release
 
 __all__ = ["Plan", "build_plan", "load_plan"]
@@ -29,14 +41,17 @@ def build_plan(stack: Stack) -> Plan:
     hardware = hardware_spec(config.hardware)
     release = target_release(config.engine.vllm_ascend_version)
     connector = connector_dialect(config.engine.vllm_ascend_version, config.engine.kv_connector)
-    instance_count = config.prefill.instances + config.decode.instances
+    instance_count = planned_instances(config, "prefill") + planned_instances(config, "decode")  # both shapes of flexible groups
     problems = check_inventory(inventory, hardware)
     problems += check_engine(config, release, connector)
     problems += check_stage_shapes(config, hardware, connector)
+    problems += check_pd_ratio(config)
     problems += check_ports(config, hardware, connector, instance_count)
     if problems:
         raise ConfigError(problems, stack.stack_file)
     assignments, states = place_instances(config, inventory, hardware)
+    flex = place_flex_groups(config, inventory, hardware, states)  # pd_ratio auto: both shapes of each group
+    assignments = [*assignments, *flex.assignments]
     kv_base = config.ports.kv_base or hardware.recommended_kv_port_base
     kv_next = kv_base  # Mooncake listens on kv_port + dp_rank * tp + tp_rank: one block of npus ports per instance
     instances = []
@@ -97,6 +112,7 @@ def build_plan(stack: Stack) -> Plan:
                 ranks=tuple(ranks),
             )
         )
+    standby = {n for (_, _, p, d, initial) in flex.groups for n in (d if initial == "prefill" else p)}
     plan = Plan(
         stack=stack.name,
         hardware=hardware.kind,
@@ -116,7 +132,9 @@ def build_plan(stack: Stack) -> Plan:
             )
             for s in states
         ),
-        instances=tuple(instances),
+        instances=tuple(sorted((i for i in instances if i.name not in standby), key=lambda i: (i.role != "prefill", i.ordinal))),
+        flex_groups=tuple(FlexGroup(*g) for g in flex.groups),
+        standby=tuple(i for i in instances if i.name in standby),
         proxy_host="127.0.0.1" if config.target == "local" else f"pd-proxy.{config.kubernetes.namespace}.svc",
         proxy_port=config.ports.proxy,
         secret_keys=stack.secret_keys,

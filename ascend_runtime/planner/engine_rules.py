@@ -195,8 +195,18 @@ def check_options(config: StackConfig, row: EngineRelease) -> list[Problem]:
     return problems
 
 
+def recompute_on(config: StackConfig, row: EngineRelease, role: Role) -> bool:
+    """The recompute scheduler as rendered: decode only, on unless the stage turns it off, where the release has it."""
+    explicit = config.stage(role).recompute_scheduler
+    return role == "decode" and "recompute_scheduler" in row.config_keys and explicit is not False
+
+
 def check_engine(config: StackConfig, row: EngineRelease, connector: str) -> list[Problem]:
     """Every engine rule of the targeted release."""
+    from ascend_runtime.planner.modules import check_modules  # noqa: PLC0415  (per-module rules)
+
     problems = check_image(config, row) + check_graphs(config, row) + check_experts(config, row)
     problems += check_options(config, row)
+    problems += check_modules(config, row.version, {r: graph_mode_on(config, r) for r in ROLES},
+                              {r: recompute_on(config, row, r) for r in ROLES})
     return problems

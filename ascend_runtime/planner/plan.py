@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ascend_runtime.planner.proxy_sizing import ProxyPlan
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,22 @@ class NodePlan:
 
 
 @dataclass(frozen=True)
+class FlexGroup:
+    """A node group that serves either stage (``pd_ratio.mode: auto``): both shapes are planned on its
+    nodes, one runs. ``prefill`` / ``decode``: instance names of each shape; ``initial``: the role it starts in."""
+
+    name: str
+    nodes: tuple[str, ...]
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
+    initial: str
+
+    def shape(self, role: str) -> tuple[str, ...]:
+        """Instance names of the ``role`` shape."""
+        return self.prefill if role == "prefill" else self.decode
+
+
+@dataclass(frozen=True)
 class Plan:
     """The whole deployment. ``config`` is the validated stack config as JSON data;
     ``secret_keys`` names the secrets the stack declares (never their values)."""
@@ -158,6 +177,10 @@ class Plan:
     proxy_port: int
     secret_keys: tuple[str, ...] = field(default_factory=tuple)
     engine_image: str = ""  # engine.image, else the release's image for the hardware (-a3 on cm384)
+    #: Flexible node groups (``pd_ratio.mode: auto``); ``instances`` holds the shape each starts in,
+    #: ``standby`` the other shape's instances (planned, not started).
+    flex_groups: tuple[FlexGroup, ...] = field(default_factory=tuple)
+    standby: tuple[InstancePlan, ...] = field(default_factory=tuple)
 
     def by_role(self, role: str) -> tuple[InstancePlan, ...]:
         """Instances of one role in ordinal order."""
@@ -165,10 +188,19 @@ class Plan:
 
     def instance(self, name: str) -> InstancePlan:
         """Look an instance up by name; KeyError if absent."""
-        for inst in self.instances:
+        for inst in (*self.instances, *self.standby):
             if inst.name == name:
                 return inst
         raise KeyError(name)
+
+    @property
+    def all_instances(self) -> tuple[InstancePlan, ...]:
+        """Every planned instance: the running shapes, then the flexible groups' standby shapes."""
+        return (*self.instances, *self.standby)
+
+    def flex_group_of(self, instance: str) -> FlexGroup | None:
+        """The flexible group an instance belongs to (either shape), or None for a fixed instance."""
+        return next((g for g in self.flex_groups if instance in g.prefill or instance in g.decode), None)
 
     @property
     def ranks(self) -> tuple[RankPlan, ...]:
@@ -184,6 +216,13 @@ class Plan:
         """The proxy's OpenAI endpoint."""
         return f"http://{self.proxy_host}:{self.proxy_port}"
 
+    @property
+    def proxy(self) -> "ProxyPlan":
+        """PD proxy workers and replicas sized from the expected token rate (planner/proxy_sizing.py)."""
+        from ascend_runtime.planner.proxy_sizing import size_proxy
+
+        return size_proxy(self)
+
     def to_dict(self) -> dict[str, Any]:
         """The Plan as JSON-ready data (with derived fields such as api_url)."""
         data = asdict(self)
@@ -193,6 +232,14 @@ class Plan:
             for rank, raw_rank in zip(inst.ranks, raw["ranks"]):
                 raw_rank["name"] = rank.name
                 raw_rank["is_leader"] = rank.is_leader
+        for inst, raw in zip(self.standby, data["standby"]):
+            raw["api_url"] = inst.api_url
+            raw["memory"]["total_gib"] = inst.memory.total_gib
+            for rank, raw_rank in zip(inst.ranks, raw["ranks"]):
+                raw_rank["name"] = rank.name
+                raw_rank["is_leader"] = rank.is_leader
+        if not self.flex_groups:  # fixed P:D: the Plan's JSON is what it was before flexible groups existed
+            del data["flex_groups"], data["standby"]
         data["proxy_url"] = self.proxy_url
         return data
 

@@ -26,7 +26,7 @@ RESERVED_PORTS: tuple[tuple[int, int, str], ...] = (
     (10259, 10259, "the kube-scheduler port"),
     (30000, 32767, "the NodePort range"),
 )
-#: Suffixes the Pulumi program appends to an instance name (deploy/objects/engine.py) besides -rank<k>.
+#: Suffixes the Pulumi program appends to an instance name (render/objects/engine.py) besides -rank<k>.
 INSTANCE_NAME_SUFFIXES = ("-ranktable", "-launch", "-api")
 
 
@@ -212,7 +212,9 @@ def instance_names(config: StackConfig) -> list[str]:
     names = []
     for role in ROLES:
         stage = config.stage(role)
-        base = f"{role}-{stage.instances - 1}"
+        from ascend_runtime.planner.flex import planned_instances  # noqa: PLC0415
+
+        base = f"{role}-{planned_instances(config, role) - 1}"
         names += [base, *(base + s for s in INSTANCE_NAME_SUFFIXES), f"{base}-rank{stage.nodes_per_instance - 1}"]
     return names
 
@@ -228,8 +230,10 @@ def check_names(config: StackConfig) -> list[Problem]:
 
 
 def total_npus(config: StackConfig) -> int:
-    """NPUs of every instance of both stages."""
-    return sum(config.stage(r).instances * config.stage(r).dp * config.stage(r).tp for r in ROLES)
+    """NPUs of every instance of both stages (with both shapes of every flexible group, pd_ratio auto)."""
+    from ascend_runtime.planner.flex import planned_instances  # noqa: PLC0415
+
+    return sum(planned_instances(config, r) * config.stage(r).dp * config.stage(r).tp for r in ROLES)
 
 
 def port_ranges(config: StackConfig, hardware: HardwareSpec, connector: str, instance_count: int) -> dict[str, range]:

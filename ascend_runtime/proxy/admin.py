@@ -18,7 +18,11 @@ from typing import Any
 
 from aiohttp import web
 
-from ascend_runtime.proxy.instances import InstanceSpecError, check_unique, spec_from_mapping
+from ascend_runtime.proxy.instances import (
+    InstanceSpecError,
+    check_unique,
+    spec_from_mapping,
+)
 from ascend_runtime.proxy.pool import InstancePool
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -55,11 +59,30 @@ async def _json(request: web.Request) -> dict[str, Any]:
 
 
 class AdminApi:
-    """Routes operating on ``pool``; admin-added instances have source ``admin``."""
+    """Routes operating on ``pool``; admin-added instances have source ``admin``.
 
-    def __init__(self, pool: InstancePool, token: str | None):
+    ``group`` (``--workers N``, workers.py): mutations are also applied on every
+    other worker and the listing sums their load; not on a worker's Unix socket.
+    """
+
+    def __init__(self, pool: InstancePool, token: str | None, group: Any = None):
         self.pool = pool
         self.token = token
+        self.group = group
+
+    async def _everywhere(self, request: web.Request, answer: dict[str, Any]) -> web.Response:
+        """Apply the same call on the other workers (if any) and answer with their results."""
+        from ascend_runtime.proxy.workers import is_local
+
+        if self.group is None or is_local(request):
+            return web.json_response(answer)
+        results = await self.group.fan_out(request.path, await request.read(),
+                                           request.headers.get("Authorization", ""))
+        failed = {i: r for i, r in results.items() if r != "ok"}
+        if failed:
+            return web.json_response({"error": {"message": f"not applied on every worker: {failed}", "code": 502},
+                                      "workers": results}, status=502)
+        return web.json_response({**answer, "workers": results})
 
     def routes(self) -> list[web.RouteDef]:
         g = lambda h: guarded(self.token, h)  # noqa: E731
@@ -84,7 +107,7 @@ class AdminApi:
             return _err(400, str(exc))
         for spec in specs:
             self.pool.add(spec, source="admin")
-        return web.json_response({"added": [s.name for s in specs], **self._listing()})
+        return await self._everywhere(request, {"added": [s.name for s in specs], **self._listing()})
 
     async def remove(self, request: web.Request) -> web.Response:
         data = await _json(request)
@@ -94,14 +117,20 @@ class AdminApi:
             return _err(404, f"unknown instance(s): {missing}")
         for name in names:
             self.pool.remove(name)
-        return web.json_response({"removed": names, **self._listing()})
+        return await self._everywhere(request, {"removed": names, **self._listing()})
 
     async def drain(self, request: web.Request) -> web.Response:
         data = await _json(request)
         name = data.get("name")
         if not name or not self.pool.drain(name, bool(data.get("drain", True))):
             return _err(404, f"unknown instance: {name!r}")
-        return web.json_response({"drained" if data.get("drain", True) else "undrained": name, **self._listing()})
+        return await self._everywhere(request, {"drained" if data.get("drain", True) else "undrained": name,
+                                                **self._listing()})
 
     async def list(self, request: web.Request) -> web.Response:
-        return web.json_response(self._listing())
+        from ascend_runtime.proxy.workers import is_local
+
+        if self.group is None or is_local(request):
+            return web.json_response(self._listing())
+        return web.json_response(await self.group.merged_listing(self._listing(),
+                                                                 request.headers.get("Authorization", "")))

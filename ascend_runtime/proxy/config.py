@@ -29,6 +29,24 @@ class RoutingWeights:
     decode_seq_weight: float = 1.0
     decode_kv_weight: float = 64.0
     decode_waiting_weight: float = 1.0
+    #: KV-cache affinity of prefill (proxy/affinity.py): queued prompt tokens one expected cached prompt token is
+    #: worth (0 = load-only routing), the share of a conversation's previous prompt expected at its rendezvous
+    #: home when the routing history does not locate it (0 = history only), the proxy's block size
+    #: in words and the blocks it remembers per instance (about an A2 prefill instance's KV cache: 2 DP ranks x
+    #: 313,680 tokens / 128 = 4901 blocks).
+    prefill_affinity_weight: float = 1.0
+    prefill_affinity_home_weight: float = 1.0
+    prefill_affinity_block_tokens: float = 128.0
+    prefill_affinity_capacity_blocks: float = 4096.0
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_affinity_weight", "prefill_affinity_home_weight", "prefill_affinity_capacity_blocks"):
+            value = getattr(self, name)
+            if not value >= 0 or value == float("inf"):
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value!r}")
+        bt = self.prefill_affinity_block_tokens
+        if not (bt >= 1 and bt == int(bt)):
+            raise ValueError(f"--prefill-affinity-block-tokens must be a whole number >= 1, got {bt!r}")
 
 
 @dataclass(slots=True)
@@ -122,6 +140,8 @@ class ProxyConfig:
     max_attempts: int = 3
     weights: RoutingWeights = field(default_factory=RoutingWeights)
     install_sighup: bool = False
+    #: listen with SO_REUSEPORT (set for each worker process by ``--workers N``, proxy/workers.py)
+    reuse_port: bool = False
 
     def outlier_policy(self) -> OutlierPolicy:
         """The ejection policy: ``outlier`` if given, else the defaults with ``eject_after`` / ``eject_duration_s``."""

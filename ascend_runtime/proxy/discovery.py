@@ -15,7 +15,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ascend_runtime.proxy.instances import InstanceSpec, InstanceSpecError, Role, load_instances_file, normalize_url
+from ascend_runtime.proxy.instances import (
+    InstanceSpec,
+    InstanceSpecError,
+    Role,
+    load_instances_file,
+    normalize_url,
+)
 
 log = logging.getLogger(__name__)
 

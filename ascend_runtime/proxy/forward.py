@@ -1,7 +1,10 @@
 """One client request through the PD flow: prefill, decode, relay.
 
 The decode body is relayed byte for byte (only regrouped on SSE event
-boundaries so a ``recomputed`` event can be held back). Failure policy:
+boundaries so a ``recomputed`` event can be held back). Streams, and all
+prefill requests, go over the transport-level HTTP/1.1 client of relay.py
+(kept-alive connections, no per-event coroutine or JSON parse); non-streaming
+decode answers over aiohttp's client. Failure policy:
 
 - prefill fails (connect error, 5xx, timeout): retried on another prefill
   instance, up to ``max_attempts`` instances;
@@ -33,13 +36,19 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http import HttpVersion11
 
 from ascend_runtime.proxy.config import ProxyConfig
-from ascend_runtime.proxy.errors import error_response, relayed_error_event, sse_error_event
-from ascend_runtime.proxy.metrics import ProxyMetrics
+from ascend_runtime.proxy.errors import (
+    error_response,
+    relayed_error_event,
+    sse_error_event,
+)
+from ascend_runtime.proxy.metrics import ITL_BUCKETS, ProxyMetrics
 from ascend_runtime.proxy.pd import (
     CLIENT_REQUEST_ID_HEADER,
     RECOMPUTED,
@@ -52,6 +61,14 @@ from ascend_runtime.proxy.pd import (
     sse_events,
 )
 from ascend_runtime.proxy.pool import InstancePool, InstanceState, NoInstanceError
+from ascend_runtime.proxy.relay import (
+    ConnectionPool,
+    DecodeConnection,
+    Head,
+    RelayError,
+    StreamStats,
+    serialize_request,
+)
 from ascend_runtime.proxy.validate import check_request
 
 log = logging.getLogger(__name__)
@@ -104,6 +121,9 @@ class Forwarder:
             total=config.prefill_timeout_s, sock_connect=config.connect_timeout_s)
         self.decode_timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout_s, sock_read=config.stream_idle_timeout_s)
+        #: keep-alive connections of the streamed decode leg (relay.py); closed by the server on stop
+        self.relay_pool = ConnectionPool(config.connect_timeout_s)
+        self._targets: dict[str, tuple[str, int, str, bool]] = {}
 
     # ---------------------------------------------------------------- entry point
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
@@ -165,7 +185,8 @@ class Forwarder:
             try:
                 if wait <= 0:
                     raise asyncio.TimeoutError
-                chunk = await asyncio.wait_for(request.content.readany(), wait)
+                async with asyncio.timeout(wait):  # no task per read, unlike wait_for
+                    chunk = await request.content.readany()
             except asyncio.TimeoutError:
                 return b"", self._close(_json_response(
                     408, f"request body not received in time (read timeout {lim.body_timeout_s:g}s, "
@@ -293,12 +314,13 @@ class Forwarder:
         caller must ``pool.end(instance, tokens)`` once decode starts or fails.
         """
         payload = json.dumps(build_prefill_request(req)).encode()
-        tokens = estimate_prompt_tokens(req)
+        prompt_tokens = estimate_prompt_tokens(req)
         tried: set[str] = set()
         last = ""
         while len(tried) < self.cfg.max_attempts:
             try:
-                state = self.pool.pick("prefill", tried)
+                # charged the prompt minus its expected cached tokens (proxy/affinity.py)
+                state, tokens = self.pool.pick_prefill(tried, req, prompt_tokens)
             except NoInstanceError as exc:
                 if tried:
                     raise NoInstanceError("prefill", {**exc.reasons, "last error": last}) from None
@@ -309,16 +331,19 @@ class Forwarder:
             log.debug("request %s: prefill %s on %s", client_id, attempt_id, state.name)
             self.pool.begin(state, tokens)
             ok = False
+            conn: DecodeConnection | None = None
             try:
-                async with self.session.post(state.spec.url + path, data=payload,
-                                             headers=self._headers(request, attempt_id, client_id),
-                                             timeout=self.prefill_timeout) as resp:
-                    body = await resp.read()
-                    if resp.status >= 500:
-                        raise UpstreamFailure(state, f"prefill returned {resp.status}")
-                    if resp.status != 200:
-                        raise ClientAnswer(resp.status, body, resp.content_type or "application/json")
-                    answer = json.loads(body)
+                host, port, prefix, tls = self._target(state.spec.url)
+                data = serialize_request("POST", host, port, prefix + path,
+                                         self._headers(request, attempt_id, client_id), payload)
+                async with asyncio.timeout(self.cfg.prefill_timeout_s):
+                    conn, head = await self._open_decode(host, port, tls, data, "prefill")
+                    body = await conn.read_body()
+                if head.status >= 500:
+                    raise UpstreamFailure(state, f"prefill returned {head.status}")
+                if head.status != 200:
+                    raise ClientAnswer(head.status, body, head.content_type.split(";", 1)[0].strip())
+                answer = json.loads(body)
                 ok = True
                 self.pool.record_success(state)
                 return state, tokens, answer
@@ -327,11 +352,16 @@ class Forwarder:
             except UpstreamFailure as exc:
                 last = exc.reason
                 self.pool.record_failure(state, exc.reason)
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            except RelayError as exc:
+                last = exc.reason
+                self.pool.record_failure(state, exc.reason, exc.hard)
+            except (TimeoutError, ValueError) as exc:
                 failure = _failure_from(state, exc, "prefill")
                 last = failure.reason
                 self.pool.record_failure(state, failure.reason, failure.hard)
             finally:
+                if conn is not None:
+                    conn.release()  # kept only if its answer ended cleanly
                 if not ok:
                     self.pool.end(state, tokens)
             log.warning("request %s: prefill %s on %s failed: %s", client_id, attempt_id, state.name, last)
@@ -345,9 +375,13 @@ class Forwarder:
                       t0: float) -> tuple[Any, ...]:
         """Send ``decode_req`` to ``d_state`` (a new engine request, fresh request id) and relay the answer.
 
+        Streams go through :meth:`_decode_stream` (relay.py); JSON answers through aiohttp's client here.
         Returns ("done", resp) | ("client_error", resp) | ("retry", None, reason)
         | ("stream_error", resp) | ("recompute", resp).
         """
+        if stream:
+            return await self._decode_stream(request, path, decode_req, client_id, p_state, p_tokens, d_state,
+                                             tracker, client_resp, t0)
         pool = self.pool
         prefill_held = True
         attempt_id = new_request_id()
@@ -358,7 +392,7 @@ class Forwarder:
         clean = False
         try:
             try:
-                async with asyncio.timeout(self.cfg.first_token_timeout_s if stream else None):
+                async with asyncio.timeout(None):
                     upstream = await self.session.post(d_state.spec.url + path, data=json.dumps(decode_req).encode(),
                                                        headers=headers, timeout=self.decode_timeout)
                     if upstream.status != 200:
@@ -370,7 +404,7 @@ class Forwarder:
                             return ("client_error", web.Response(status=upstream.status, body=body,
                                                                  content_type=upstream.content_type))
                         return ("stream_error", await self._relay_error(client_resp, upstream.status, body))
-                    first = await (upstream.content.readany() if stream else upstream.read())
+                    first = await upstream.read()
             except (aiohttp.ClientError, asyncio.TimeoutError, UpstreamFailure) as exc:
                 failure = exc if isinstance(exc, UpstreamFailure) else _failure_from(d_state, exc, "decode")
                 pool.record_failure(d_state, failure.reason, failure.hard)
@@ -384,19 +418,151 @@ class Forwarder:
                 return ("retry", None, "decode closed the stream before the first byte")
             pool.end(p_state, p_tokens)
             prefill_held = False
-            if not stream:
-                clean = True
-                return self._finish_json(upstream, first, p_state, d_state, tracker, t0)
-            result = await self._relay_stream(request, upstream, first, p_state, d_state, tracker, client_resp, t0,
-                                              client_id, attempt_id)
-            clean = result[0] == "done"
-            return result
+            clean = True
+            return self._finish_json(upstream, first, p_state, d_state, tracker, t0)
         finally:
             if upstream is not None:
                 upstream.release() if clean else upstream.close()
             if prefill_held:
                 pool.end(p_state, p_tokens)
             pool.end(d_state)
+
+    # ---------------------------------------------------------------- streamed decode (relay.py)
+    def _target(self, url: str) -> tuple[str, int, str, bool]:
+        """(host, port, path prefix, tls) of an instance URL, cached."""
+        t = self._targets.get(url)
+        if t is None:
+            u = urlsplit(url)
+            if u.scheme not in ("http", "https") or not u.hostname:
+                raise RelayError(f"unsupported instance URL {url!r} (http:// or https://)")
+            t = (u.hostname, u.port or (443 if u.scheme == "https" else 80), u.path.rstrip("/"), u.scheme == "https")
+            self._targets[url] = t
+        return t
+
+    async def _open_decode(self, host: str, port: int, tls: bool, data: bytes,
+                           role: str = "decode") -> tuple[DecodeConnection, Head]:
+        """Send ``data`` on a kept-alive connection (a fresh one if that fails before any answer byte)."""
+        conn = self.relay_pool.take_idle(host, port)
+        if conn is not None:
+            try:
+                return conn, await conn.request(data, role)
+            except RelayError as exc:
+                conn.close()
+                if not exc.before_head:
+                    raise
+            except BaseException:
+                conn.close()
+                raise
+        conn = await self.relay_pool.connect(host, port, tls, role)
+        try:
+            return conn, await conn.request(data, role)
+        except BaseException:
+            conn.close()
+            raise
+
+    async def _decode_stream(self, request: web.Request, path: str, decode_req: dict[str, Any], client_id: str,
+                             p_state: InstanceState, p_tokens: int, d_state: InstanceState,
+                             tracker: RecomputeTracker, client_resp: web.StreamResponse | None,
+                             t0: float) -> tuple[Any, ...]:
+        """The streamed decode: same outcomes as :meth:`_decode`, relayed at the transport level (relay.py)."""
+        pool = self.pool
+        prefill_held = True
+        attempt_id = new_request_id()
+        log.debug("request %s: decode %s on %s (prefilled on %s)", client_id, attempt_id, d_state.name, p_state.name)
+        pool.begin(d_state)
+        conn: DecodeConnection | None = None
+        clean = False
+        try:
+            try:
+                host, port, prefix, tls = self._target(d_state.spec.url)
+                data = serialize_request("POST", host, port, prefix + path,
+                                         self._headers(request, attempt_id, client_id),
+                                         json.dumps(decode_req).encode())
+                async with asyncio.timeout(self.cfg.first_token_timeout_s):
+                    conn, head = await self._open_decode(host, port, tls, data)
+                    if head.status != 200:
+                        body = await conn.read_body()
+                        if head.status >= 500:
+                            raise RelayError(f"decode returned {head.status}")
+                        clean = True
+                        if client_resp is None:
+                            return ("client_error", web.Response(status=head.status, body=body, headers={
+                                "Content-Type": head.headers.get("content-type", "application/json")}))
+                        return ("stream_error", await self._relay_error(client_resp, head.status, body))
+                    first = await conn.first_payload()
+            except (RelayError, TimeoutError) as exc:
+                reason, hard = (exc.reason, exc.hard) if isinstance(exc, RelayError) else ("decode: timed out", False)
+                pool.record_failure(d_state, reason, hard)
+                log.warning("request %s: decode %s on %s failed: %s", client_id, attempt_id, d_state.name, reason)
+                return ("retry", None, reason)
+            if not first:
+                pool.record_failure(d_state, "decode closed the stream before the first byte")
+                log.warning("request %s: decode %s on %s closed the stream before the first byte", client_id,
+                            attempt_id, d_state.name)
+                return ("retry", None, "decode closed the stream before the first byte")
+            pool.end(p_state, p_tokens)
+            prefill_held = False
+            result = await self._relay(request, conn, head, first, p_state, d_state, tracker, client_resp, t0,
+                                       client_id, attempt_id)
+            clean = result[0] == "done"
+            return result
+        finally:
+            if conn is not None:
+                conn.release() if clean else conn.close()
+            if prefill_held:
+                pool.end(p_state, p_tokens)
+            pool.end(d_state)
+
+    async def _relay(self, request: web.Request, conn: DecodeConnection, head: Head, first: bytes,
+                     p_state: InstanceState, d_state: InstanceState, tracker: RecomputeTracker,
+                     client_resp: web.StreamResponse | None, t0: float, client_id: str,
+                     attempt_id: str) -> tuple[Any, ...]:
+        """Relay the decode's SSE body to the client until its end, an error or a recompute."""
+        m = self.metrics
+        if client_resp is None:
+            headers = {"Content-Type": head.headers.get("content-type", "text/event-stream"),
+                       "x-prefill-instance": p_state.name, "x-decode-instance": d_state.name,
+                       REQUEST_ID_HEADER: client_id}
+            client_resp = web.StreamResponse(status=200, headers=headers)
+            if request.version >= HttpVersion11:
+                client_resp.enable_chunked_encoding()
+            await client_resp.prepare(request)
+            m.ttft.observe(time.perf_counter() - t0)
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return ("client_gone", client_resp)
+        stats = StreamStats(ITL_BUCKETS)
+        history: list[bytes] = []
+        try:
+            outcome = await conn.relay(first, transport, bool(client_resp.chunked), history,
+                                       lambda blob, hist: self._split_recompute(blob, hist, tracker), stats,
+                                       self.cfg.stream_idle_timeout_s)
+        except RelayError as exc:
+            return await self._stream_broke(client_resp, d_state, exc, client_id, attempt_id)
+        finally:
+            m.chunks.inc(stats.chunks)
+            m.events.inc(stats.events)
+            m.itl.add(stats.gap_counts, stats.gap_sum)
+        if outcome == "client_gone":
+            return ("client_gone", client_resp)
+        self.pool.record_success(d_state)
+        if outcome == "recompute":
+            return ("recompute", client_resp)
+        try:
+            await client_resp.write_eof()
+        except (ConnectionError, RuntimeError):
+            return ("client_gone", client_resp)
+        return ("done", client_resp)
+
+    async def _stream_broke(self, client_resp: web.StreamResponse, d_state: InstanceState, exc: RelayError,
+                            client_id: str, attempt_id: str) -> tuple[Any, ...]:
+        """Decode broke or stalled after bytes were relayed: end the client's stream with an error event."""
+        self.pool.record_failure(d_state, ("unreachable, " if exc.hard else "") + exc.reason, exc.hard)
+        log.warning("request %s: decode %s on %s failed mid-stream: %s", client_id, attempt_id, d_state.name,
+                    exc.reason)
+        return ("stream_error", await self._fail(
+            client_resp, 502, f"decode instance {d_state.name} failed mid-stream ({exc.reason}); "
+            "the answer is incomplete and was not retried"))
 
     def _response_headers(self, p_state: InstanceState, d_state: InstanceState,
                           upstream: aiohttp.ClientResponse) -> dict[str, str]:
@@ -426,88 +592,14 @@ class Forwarder:
         self.metrics.ttft.observe(time.perf_counter() - t0)
         return ("done", web.Response(body=body, headers=self._response_headers(p_state, d_state, upstream)))
 
-    async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, first: bytes,
-                            p_state: InstanceState, d_state: InstanceState, tracker: RecomputeTracker,
-                            client_resp: web.StreamResponse | None, t0: float, client_id: str,
-                            attempt_id: str) -> tuple[Any, ...]:
-        """Relay SSE bytes from ``upstream`` to the client until EOF, error or recompute."""
-        m = self.metrics
-        if client_resp is None:
-            headers = self._response_headers(p_state, d_state, upstream)
-            headers[REQUEST_ID_HEADER] = client_id
-            client_resp = web.StreamResponse(status=200, headers=headers)
-            await client_resp.prepare(request)
-            m.ttft.observe(time.perf_counter() - t0)
-        history: list[bytes] = []
-        pending = b""
-        chunk = first
-        itl_observe = m.itl.observe
-        last = time.perf_counter()
-        relayed = 0
-        read = upstream.content.readany
-        write = client_resp.write
-        try:
-            while chunk:
-                if pending or not chunk.endswith(b"\n\n"):
-                    pending += chunk
-                    cut = pending.rfind(b"\n\n")
-                    if cut < 0:
-                        chunk = await read()
-                        continue
-                    out, pending = pending[: cut + 2], pending[cut + 2:]
-                else:
-                    out = chunk
-                recompute = False
-                if b"recomputed" in out:
-                    out, recompute = self._split_recompute(out, history, tracker)
-                else:
-                    history.append(out)
-                if out:
-                    try:
-                        await write(out)
-                    except ConnectionError:
-                        return ("client_gone", client_resp)
-                if recompute:
-                    self.pool.record_success(d_state)
-                    return ("recompute", client_resp)
-                relayed += 1
-                now = time.perf_counter()
-                itl_observe(now - last)
-                last = now
-                chunk = await read()
-            if pending:
-                try:
-                    await write(pending)
-                except ConnectionError:
-                    return ("client_gone", client_resp)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            return await self._stream_error(client_resp, d_state, exc, client_id, attempt_id)
-        except ConnectionError:
-            return ("client_gone", client_resp)
-        finally:
-            m.chunks.inc(relayed)
-        self.pool.record_success(d_state)
-        await client_resp.write_eof()
-        return ("done", client_resp)
-
-    async def _stream_error(self, client_resp: web.StreamResponse, d_state: InstanceState,
-                            exc: BaseException, client_id: str, attempt_id: str) -> tuple[Any, ...]:
-        """Decode died after bytes were relayed: end the client's stream with an error event."""
-        hard = isinstance(exc, MID_STREAM_ERRORS + HARD_ERRORS)
-        reason = ("decode stream broke: " + exc.__class__.__name__) if hard else "decode stream stalled (idle timeout)"
-        self.pool.record_failure(d_state, ("unreachable, " if hard else "") + reason, hard)
-        log.warning("request %s: decode %s on %s failed mid-stream: %r", client_id, attempt_id, d_state.name, exc)
-        return ("stream_error", await self._fail(
-            client_resp, 502, f"decode instance {d_state.name} failed mid-stream ({reason}); "
-            "the answer is incomplete and was not retried"))
-
     def _split_recompute(self, blob: bytes, history: list[bytes],
                          tracker: RecomputeTracker) -> tuple[bytes, bool]:
         """Find a ``stop_reason == recomputed`` event in ``blob`` (complete events).
 
         Returns (bytes to relay, recompute?). On a recompute the events before it
-        are relayed, and the tracker is fed every relayed event so far plus the
-        recomputed one (as the reference proxy counts them).
+        are relayed, and the tracker is fed every relayed event so far
+        (``history``, the events already written) plus the recomputed one (as the
+        reference proxy counts them). ``history`` is not changed.
         """
         parts = blob.split(b"\n\n")
         for i, raw in enumerate(parts):
@@ -522,5 +614,4 @@ class Forwarder:
                 if choices:
                     tracker.add_choice(choices[0], None)
             return before, True
-        history.append(blob)
         return blob, False

@@ -31,12 +31,66 @@ Names (all prefixed ``ascend_proxy_``):
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import bisect
+import math
+from collections.abc import Iterable, Iterator, Sequence
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from ascend_runtime.proxy.pool import InstancePool, InstanceState
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+
+
+class BatchHistogram(Collector):
+    """A histogram fed in batches: the stream relay counts gaps per stream and adds them once at its end.
+
+    Same exposition as ``prometheus_client.Histogram`` (``_bucket{le}``,
+    ``_count``, ``_sum``; a value v falls in the first bucket with v <= le);
+    :meth:`add` costs one call per stream instead of one ``observe`` per event.
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float], registry: CollectorRegistry):
+        self.name, self.documentation = name, documentation
+        self.bounds = tuple(float(b) for b in buckets)
+        self.counts = [0] * (len(self.bounds) + 1)  # last: above the largest bound (+Inf)
+        self.sum = 0.0
+        registry.register(self)
+
+    def observe(self, value: float) -> None:
+        """One value (seconds)."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def add(self, counts: Iterable[int], total: float) -> None:
+        """Per-bucket counts (same layout as :attr:`counts`) and their sum, from one stream."""
+        for i, c in enumerate(counts):
+            if c:
+                self.counts[i] += c
+        self.sum += total
+
+    def _family(self) -> HistogramMetricFamily:
+        cum, buckets = 0, []
+        for bound, c in zip(self.bounds + (math.inf,), self.counts):
+            cum += c
+            buckets.append((floatToGoString(bound), cum))
+        return HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=self.sum)
+
+    def describe(self) -> Iterator[Metric]:
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=[("+Inf", 0)], sum_value=0)
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._family()
 
 
 class ProxyMetrics:
@@ -49,7 +103,7 @@ class ProxyMetrics:
         self.requests = Counter(p + "requests", "Client requests by outcome and answer status",
                                 ["endpoint", "outcome", "status"], registry=r)
         self.ttft = Histogram(p + "ttft_seconds", "Proxy-side time to first byte", buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram(p + "itl_seconds", "Proxy-side gap between relayed chunks", buckets=ITL_BUCKETS, registry=r)
+        self.itl = BatchHistogram(p + "itl_seconds", "Proxy-side gap between relayed chunks", ITL_BUCKETS, r)
         self.e2e = Histogram(p + "e2e_seconds", "Proxy-side request latency", buckets=LATENCY_BUCKETS, registry=r)
         self.inflight = Gauge(p + "inflight", "Requests in flight per instance", ["role", "instance"], registry=r)
         self.decisions = Counter(p + "routing_decisions", "Routing picks", ["role", "instance"], registry=r)
@@ -67,7 +121,8 @@ class ProxyMetrics:
         self.ejected = Gauge(p + "instance_ejected", "1 while the instance is ejected", ["role", "instance"],
                              registry=r)
         self.recomputes = Counter(p + "recomputes", "Decode answers continued after recompute", registry=r)
-        self.chunks = Counter(p + "relayed_chunks", "Upstream body chunks relayed", registry=r)
+        self.chunks = Counter(p + "relayed_chunks", "Writes of decode stream bytes to clients", registry=r)
+        self.events = Counter(p + "relayed_events", "SSE events relayed to clients", registry=r)
         self.routable = Gauge(p + "instance_routable", "1 if the instance takes new requests", ["role", "instance"],
                               registry=r)
         self.kv_usage = Gauge(p + "instance_kv_cache_usage", "Scraped vllm:kv_cache_usage_perc", ["role", "instance"],

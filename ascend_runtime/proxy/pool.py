@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ascend_runtime.proxy.affinity import AffinitySettings, PrefixAffinity, PromptBlocks
 from ascend_runtime.proxy.config import OutlierPolicy, RoutingWeights
 from ascend_runtime.proxy.instances import ROLES, InstanceSpec, Role
 
@@ -153,6 +154,17 @@ class InstancePool:
     clock: Callable[[], float] = time.monotonic
     _by_name: dict[str, InstanceState] = field(default_factory=dict)
     _rr: itertools.count = field(default_factory=itertools.count)
+    #: KV-cache affinity of prefill routing (proxy/affinity.py); built from ``weights`` unless given.
+    affinity: PrefixAffinity | None = None
+    #: Prompt tokens the last pick expected cached on the instance it chose (0 for decode or load-only).
+    last_expected_hit: int = 0
+
+    def __post_init__(self) -> None:
+        w = self.weights
+        if self.affinity is None:
+            self.affinity = PrefixAffinity(AffinitySettings(
+                w.prefill_affinity_weight, w.prefill_affinity_home_weight, int(w.prefill_affinity_block_tokens),
+                int(w.prefill_affinity_capacity_blocks)))
 
     # ---- membership -------------------------------------------------------------
     def get(self, name: str) -> InstanceState | None:
@@ -204,6 +216,8 @@ class InstancePool:
     def _reap(self, state: InstanceState) -> None:
         if state.removed and state.inflight == 0 and self._by_name.get(state.name) is state:
             del self._by_name[state.name]
+            if self.affinity is not None:
+                self.affinity.forget(state.name)
             self._emit("remove", state, "")
 
     # ---- selection ----------------------------------------------------------------
@@ -219,8 +233,13 @@ class InstancePool:
             raw = w.decode_seq_weight * state.active_seqs + w.decode_kv_weight * kv + w.decode_waiting_weight * waiting
         return raw / state.spec.weight
 
-    def pick(self, role: Role, exclude: Iterable[str] = (), count: bool = True) -> InstanceState:
+    def pick(self, role: Role, exclude: Iterable[str] = (), count: bool = True,
+             request: dict[str, Any] | None = None) -> InstanceState:
         """Least-loaded routable instance of ``role`` not in ``exclude``; ties rotate.
+
+        ``request``: the client's request body; for prefill the prompt tokens expected in each instance's
+        prefix cache are credited against its load (proxy/affinity.py), and the choice is recorded in the
+        routing history when ``count``. :meth:`pick_prefill` also returns the tokens to charge.
 
         Instances with outlier evidence kept in rotation, then ejected outliers
         (not down ones), are used only when nothing else is left (panic
@@ -243,22 +262,47 @@ class InstancePool:
             if tier:
                 if i and count:
                     self._emit("panic", tier[0], "outlier" if i == 1 else "ejected")
-                return self._least_loaded(tier)
+                blocks = None
+                if request is not None and role == "prefill" and self.affinity is not None \
+                        and self.affinity.settings.enabled:
+                    blocks = self.affinity.blocks(request)
+                chosen, self.last_expected_hit = self._least_loaded(tier, blocks)
+                if blocks is not None and count:
+                    self.affinity.record(chosen.name, blocks)  # type: ignore[union-attr]
+                return chosen
         reasons = {}
         for s in self.all(role):
             reasons[s.name] = "already failed for this request" if s.name in excluded else s.why_not_routable(now)
         raise NoInstanceError(role, reasons)
 
-    def _least_loaded(self, states: list[InstanceState]) -> InstanceState:
+    def pick_prefill(self, exclude: Iterable[str], request: dict[str, Any] | None,
+                     prompt_tokens: int) -> tuple[InstanceState, int]:
+        """:meth:`pick` a prefill instance for ``request``; also the prompt tokens to charge it with
+        :meth:`begin`/:meth:`end`: ``prompt_tokens`` minus the tokens expected in its prefix cache (the work it
+        will do), at least 1; ``prompt_tokens`` itself under load-only routing or without an expected hit."""
+        state = self.pick("prefill", exclude, request=request)
+        return state, max(1, prompt_tokens - self.last_expected_hit) if self.last_expected_hit else prompt_tokens
+
+    def _least_loaded(self, states: list[InstanceState],
+                      blocks: PromptBlocks | None = None) -> tuple[InstanceState, int]:
+        """(the lowest-scored of ``states``, its expected cached prompt tokens); ties rotate."""
         best: list[InstanceState] = []
         best_score = 0.0
+        aff = self.affinity
+        hits: dict[str, int] = {}
+        if blocks is not None and aff is not None:
+            hits = aff.expected(blocks, [s.name for s in states])
+        credit = self.weights.prefill_token_weight * (aff.settings.weight if aff is not None else 0.0)
         for state in states:
             sc = self.score(state)
+            if hits.get(state.name):
+                sc -= credit * hits[state.name] / state.spec.weight
             if not best or sc < best_score:
                 best, best_score = [state], sc
             elif sc == best_score:
                 best.append(state)
-        return best[next(self._rr) % len(best)] if len(best) > 1 else best[0]
+        chosen = best[next(self._rr) % len(best)] if len(best) > 1 else best[0]
+        return chosen, hits.get(chosen.name, 0)
 
     # ---- load accounting ------------------------------------------------------------
     def begin(self, state: InstanceState, prompt_tokens: int = 0) -> None:

@@ -21,12 +21,13 @@ from aiohttp import web
 from ascend_runtime.proxy.admin import AdminApi
 from ascend_runtime.proxy.config import ProxyConfig
 from ascend_runtime.proxy.discovery import FileDiscovery, KubernetesDiscovery
+from ascend_runtime.proxy.errors import error_response, json_not_found
 from ascend_runtime.proxy.forward import Forwarder
 from ascend_runtime.proxy.health import HealthChecker
 from ascend_runtime.proxy.instances import InstanceSpec, check_unique
 from ascend_runtime.proxy.metrics import ProxyMetrics
-from ascend_runtime.proxy.errors import error_response, json_not_found
 from ascend_runtime.proxy.pool import InstancePool
+from ascend_runtime.proxy.workers import WorkerGroup, is_local
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class ProxyHandle:
             await p.file_discovery.stop()
         await p.health.stop()
         await self.runner.cleanup()
+        p.forwarder.relay_pool.close()
         await p.session.close()
 
 
@@ -104,8 +106,13 @@ def _health_payload(pool: InstancePool) -> tuple[int, dict[str, Any]]:
     return 503, {"status": "unavailable", "reason": " and ".join(reasons), **summary}
 
 
-def build_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None) -> Proxy:
-    """Wire pool, metrics, client session, forwarder, health checker and routes (needs a running loop)."""
+def build_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None,
+                group: "WorkerGroup | None" = None) -> Proxy:
+    """Wire pool, metrics, client session, forwarder, health checker and routes (needs a running loop).
+
+    group: this process's sibling workers (``--workers N``, workers.py): /metrics and the admin API
+    then answer for all workers, except on the worker's own Unix socket.
+    """
     metrics = ProxyMetrics()
     pool = InstancePool(weights=config.weights, policy=config.outlier_policy(),
                         active_checks=config.health_interval_s > 0, on_event=metrics.on_pool_event)
@@ -127,7 +134,10 @@ def build_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None) -> 
         return web.json_response(body, status=status)
 
     async def metrics_route(request: web.Request) -> web.Response:
-        return web.Response(body=metrics.render(pool), headers={"Content-Type": "text/plain; version=0.0.4"})
+        body = metrics.render(pool)
+        if group is not None and not is_local(request):
+            body = await group.merged_metrics(body)
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
     async def models(request: web.Request) -> web.Response:
         now = pool.clock()
@@ -153,7 +163,7 @@ def build_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None) -> 
         web.get("/health", health_route),
         web.get("/healthcheck", health_route),
         web.get("/metrics", metrics_route),
-        *AdminApi(pool, config.admin_token).routes(),
+        *AdminApi(pool, config.admin_token, group).routes(),
     ])
     if config.instances:
         proxy.apply_static(list(config.instances), "static")
@@ -163,13 +173,16 @@ def build_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None) -> 
     return proxy
 
 
-async def start_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None) -> ProxyHandle:
+async def start_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None,
+                      group: "WorkerGroup | None" = None, unix_path: str | None = None) -> ProxyHandle:
     """Start the proxy on ``config.host:config.port`` (port 0 = any free port) and return its handle.
 
     k8s: an optional :class:`KubernetesDiscovery` whose ``apply`` is replaced to
-    feed this proxy's pool (source ``k8s``).
+    feed this proxy's pool (source ``k8s``). group / unix_path: set by
+    workers.py for each worker of ``--workers N`` (siblings; the worker's own
+    Unix socket, created last, so its existence means the worker serves).
     """
-    proxy = build_proxy(config, k8s)
+    proxy = build_proxy(config, k8s, group)
     if proxy.file_discovery is not None:
         proxy.file_discovery.start()
     if k8s is not None:
@@ -182,7 +195,8 @@ async def start_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = Non
     runner = web.AppRunner(proxy.app, handler_cancellation=True, access_log=None,
                            keepalive_timeout=config.limits.header_timeout_s, lingering_time=0)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True)
+    site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True,
+                       reuse_port=config.reuse_port or None)
     await site.start()
     port = config.port
     sockets = getattr(site._server, "sockets", None) or []  # noqa: SLF001 - aiohttp has no public accessor
@@ -192,5 +206,7 @@ async def start_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = Non
     if config.install_sighup and proxy.file_discovery is not None:
         fd = proxy.file_discovery
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, fd.reload)
+    if unix_path is not None:
+        await web.UnixSite(runner, unix_path).start()
     log.info("proxy listening on http://%s:%s", config.host, port)
     return ProxyHandle(proxy=proxy, runner=runner, host=config.host, port=port)

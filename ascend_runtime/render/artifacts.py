@@ -14,9 +14,16 @@ from pathlib import Path
 from ascend_runtime.config.inventory import Inventory
 from ascend_runtime.engine.conformance import require_conformance
 from ascend_runtime.planner.plan import Plan
-from ascend_runtime.render.launch import deployment_sheet, hccn_conf, launch_script, leader_watch_script
+from ascend_runtime.render.launch import (
+    deployment_sheet,
+    hccn_conf,
+    launch_script,
+    leader_watch_script,
+)
+from ascend_runtime.render.manifests import manifest_files
 from ascend_runtime.render.paths import LEADER_WATCH
 from ascend_runtime.render.ranktables import rank_tables
+
 
 def render_artifacts(plan: Plan, inventory: Inventory | None = None) -> dict[str, str]:
     """The render output of a Plan, sorted by path; pure and deterministic.
@@ -37,8 +44,6 @@ def render_artifacts(plan: Plan, inventory: Inventory | None = None) -> dict[str
 
 def extra_files(plan: Plan) -> dict[str, str]:
     """``manifests/``: exactly the Kubernetes objects the Pulumi program registers (empty for local stacks)."""
-    from ascend_runtime.deploy.manifests import manifest_files  # noqa: PLC0415 - deploy imports render
-
     return {f"manifests/{path}": text for path, text in sorted(manifest_files(plan).items())}
 
 

@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 from ascend_runtime.engine.releases import Connector, EngineRelease, release
+from ascend_runtime.planner.modules import ModuleDegrees, additional_config_entries
 from ascend_runtime.planner.plan import InstancePlan, Plan, RankPlan
 
 SEED = 1024  # every DP rank of an instance must sample the same way; the recipes use 1024
@@ -154,6 +155,9 @@ def additional_config(plan: Plan, inst: InstancePlan) -> dict[str, Any]:
             _set_path(extra, keys["eplb_heat_stage"], inst.role)
     if inst.redundant_experts and (eplb is not None or row.redundancy == "init_redundancy_expert"):
         _set_path(extra, keys["redundant_experts"], inst.redundant_experts)
+    # per-module degrees: finegrained_tp_config / enable_shared_expert_dp (vllm_ascend/ascend_config.py, v0.23.0;
+    # the planner refuses them on releases without these keys, planner/modules.py)
+    extra.update(additional_config_entries(ModuleDegrees.from_json(stage.get("modules"))))
     return extra
 
 

@@ -21,6 +21,7 @@ import jinja2
 
 from ascend_runtime.config.inventory import Inventory
 from ascend_runtime.hardware import hardware_spec
+from ascend_runtime.planner.modules import ModuleDegrees, seed_layout_notes
 from ascend_runtime.planner.plan import InstancePlan, Plan, RankPlan
 from ascend_runtime.render.engine_args import connector, engine_command, graph_mode
 from ascend_runtime.render.environment import (
@@ -319,4 +320,7 @@ def deployment_sheet(plan: Plan) -> str:
         ranks=ranks,
         ranktable_dir=RANKTABLE_DIR,
         launch_dir=LAUNCH_DIR,
+        modules=[(role, ModuleDegrees.from_json(plan.config[role].get("modules")).describe()) for role in ("prefill", "decode")
+                 if not ModuleDegrees.from_json(plan.config[role].get("modules")).uniform],
+        seed_notes=seed_layout_notes(plan.config, plan.hardware),
     )

@@ -126,6 +126,10 @@ class SimConfig(BaseModel):
     expert_map: str | None = Field(None, description="Path of a vLLM-Ascend expert map JSON applied at start.")
     gpu_memory_utilization: float = Field(0.95, gt=0.0, le=1.0)
     block_size: int = Field(128, ge=1, description="KV block size in tokens (vLLM-Ascend default 128).")
+    enable_prefix_caching: bool = Field(
+        True, description="Automatic prefix caching per DP rank (vLLM 0.23.0 CacheConfig default True; "
+                          "sim/prefix_cache.py)."
+    )
     exit_on_fault: bool = Field(
         True, description="POST /admin/faults exit=true ends the process (False: only stops the server; in-process use)."
     )

@@ -46,6 +46,7 @@ from ascend_runtime.sim.config import SimConfig
 from ascend_runtime.sim.experts import ExpertMap, ExpertRouter, balancedness
 from ascend_runtime.sim.faults import Faults
 from ascend_runtime.sim.metrics import SimMetrics
+from ascend_runtime.sim.prefix_cache import PrefixCache
 from ascend_runtime.sim.timing import TimingModel
 
 SNAPSHOTS_KEPT = 64
@@ -80,13 +81,15 @@ class Sequence:
 
     __slots__ = ("req_id", "prompt_tokens", "max_tokens", "_computed", "_generated", "dp_rank", "arrival",
                  "_first_token_at", "_last_token_at", "finished", "finish_reason", "aborted", "event", "stream",
-                 "_engine", "_slot", "end_reason", "group", "max_tokens_param", "cached")
+                 "_engine", "_slot", "end_reason", "group", "max_tokens_param", "cached", "block_hashes")
 
     def __init__(self, req_id: str, prompt_tokens: int, max_tokens: int, computed: int = 0, arrival: float = 0.0,
                  last_token_at: float = 0.0, stream: bool = False, end_reason: str = "length",
                  event: asyncio.Event | None = None, group: RequestGroup | None = None,
-                 max_tokens_param: int | None = None) -> None:
+                 max_tokens_param: int | None = None, block_hashes: list[bytes] | None = None) -> None:
         self.req_id, self.prompt_tokens, self.max_tokens = req_id, prompt_tokens, max_tokens
+        #: Chained hashes of the prompt's full KV blocks (sim/prefix_cache.py); None: not cacheable.
+        self.block_hashes = block_hashes
         self._computed, self._generated = computed, 0
         #: Prompt tokens whose KV arrived from elsewhere (a KV transfer); not computed here.
         self.cached = computed
@@ -168,6 +171,11 @@ class Engine:
         self.expert_map = expert_map or ExpertMap.default(self.layers, self.experts, self.ranks, cfg.slots_per_rank)
         self.kv_capacity = kv_capacity_tokens(cfg)  # per DP rank
         self.dp = int(cfg.dp)  # type: ignore[arg-type]
+        #: One automatic prefix cache per DP rank (each vLLM engine core has its own KV cache manager).
+        self.block_size = int(cfg.block_size)
+        self.prefix_caches: list[PrefixCache] | None = (
+            [PrefixCache(self.kv_capacity // self.block_size, self.block_size) for _ in range(self.dp)]
+            if cfg.enable_prefix_caching else None)
         metrics.configure(self.dp, shape.max_model_len, spec_decode=cfg.mtp)
         #: Requests waiting for their KV transfer before they are submitted (vLLM's WAITING_FOR_REMOTE_KVS).
         self.deferred = 0
@@ -197,6 +205,7 @@ class Engine:
         self._stream = np.zeros(C, dtype=bool)
         self._sched = np.zeros(C)  # first scheduled (admitted)
         self._cached = np.zeros(C, dtype=np.int64)  # prompt tokens whose KV was transferred
+        self._local_hit = np.zeros(C, dtype=np.int64)  # prompt tokens found in the local prefix cache
         self._maxparam = np.zeros(C, dtype=np.int64)
         self._free = list(range(C - 1, -1, -1))
         self._admitted = 0
@@ -236,7 +245,7 @@ class Engine:
     def submit(self, prompt_tokens: int, max_tokens: int, prefilled: bool = False, stream: bool = False,
                req_id: str | None = None, *, arrival: float | None = None, end_reason: str = "length",
                event: asyncio.Event | None = None, group: RequestGroup | None = None,
-               max_tokens_param: int | None = None) -> Sequence:
+               max_tokens_param: int | None = None, block_hashes: list[bytes] | None = None) -> Sequence:
         """Queue a request; ``prefilled`` means its KV arrived from a prefill instance.
 
         ``stream``: set ``seq.event`` after every step that gives the sequence tokens (not only at the end).
@@ -245,13 +254,15 @@ class Engine:
         request reached the instance (loop time; default now), the start of its TTFT and queue time.
         ``end_reason``: the finish reason at ``max_tokens``; ``event``: an event to share with the request's
         other sequences; ``group``: its choices' group; ``max_tokens_param``: its ``max_tokens`` parameter.
+        ``block_hashes``: the prompt's block hashes (``prefix_cache.request_block_hashes``), looked up in the
+        DP rank's prefix cache when the sequence is first scheduled (not for ``prefilled`` ones).
         """
         self.check_fits(prompt_tokens, max_tokens)
         now = asyncio.get_running_loop().time()
         seq = Sequence(req_id or f"seq-{next(self._ids)}", prompt_tokens, max_tokens,
                        computed=prompt_tokens if prefilled else 0, arrival=now if arrival is None else arrival,
                        last_token_at=now, stream=stream, end_reason=end_reason, event=event, group=group,
-                       max_tokens_param=max_tokens_param)
+                       max_tokens_param=max_tokens_param, block_hashes=block_hashes)
         self.waiting.append(seq)
         self._wake.set()
         return seq
@@ -380,9 +391,18 @@ class Engine:
         self._cached[i] = seq.cached
         self._maxparam[i] = seq.max_tokens_param
         # the scheduler's cache lookups when it first schedules a request (vllm/v1/core/sched/scheduler.py):
-        # the local prefix cache (no hit: the simulator does not model prefix reuse), then the KV connector
+        # the local prefix cache (KVCacheManager.get_computed_blocks; queries only with caching enabled), then
+        # the KV connector. A sequence whose KV was transferred is not looked up locally (hits 0).
         m = self.metrics
-        m.prefix_queries[rank] += seq.prompt_tokens
+        hit = 0
+        caches = self.prefix_caches
+        if caches is not None:
+            m.prefix_queries[rank] += seq.prompt_tokens
+            if seq.block_hashes and seq._computed == 0:
+                hit = caches[rank].lookup(seq.block_hashes, seq.prompt_tokens)
+                m.prefix_hits[rank] += hit
+                self._computed[i] = hit
+        self._local_hit[i] = hit
         m.external_queries[rank] += seq.prompt_tokens
         m.external_hits[rank] += seq.cached
 
@@ -507,6 +527,8 @@ class Engine:
             self._computed[pre] += chunks
             self.tokens_prefilled += int(chunks.sum())
             pre = pre[self._computed[pre] >= self._prompt[pre]]
+            if pre.size and self.prefix_caches is not None:
+                self._cache_prompts(pre)
         emit = np.ones(dec.size, dtype=np.int64)
         if self.cfg.mtp and dec.size:
             accepted = self._rng.random(dec.size) < self.cfg.mtp_acceptance
@@ -536,13 +558,15 @@ class Engine:
             self._has_first[f] = True
             self._first_at[f] = now
             # prompt tokens are counted when the first token comes out (IterationStats.update_from_output)
-            prompt, cached = self._prompt[f], self._cached[f]
+            prompt, cached, local = self._prompt[f], self._cached[f], self._local_hit[f]
             m.prompt_tokens += np.bincount(fr, weights=prompt, minlength=dp)
-            computed_prompt = np.bincount(fr, weights=prompt - cached, minlength=dp)
+            computed_prompt = np.bincount(fr, weights=prompt - cached - local, minlength=dp)
             m.prompt_by_source["local_compute"] += computed_prompt
             external = np.bincount(fr, weights=cached, minlength=dp)
+            local_hit = np.bincount(fr, weights=local, minlength=dp)
             m.prompt_by_source["external_kv_transfer"] += external
-            m.prompt_cached += external
+            m.prompt_by_source["local_cache_hit"] += local_hit
+            m.prompt_cached += external + local_hit
             rest, rest_ranks = em[~first], ranks[~first]
         else:
             rest, rest_ranks = em, ranks
@@ -597,6 +621,17 @@ class Engine:
                 for i in watched.tolist():
                     seqs[i].event.set()  # type: ignore[union-attr]
 
+    def _cache_prompts(self, done: np.ndarray) -> None:
+        """Put the full blocks of the prompts whose prefill completed this step into their rank's prefix cache
+        (blocks are cached as they are computed, block_pool.py ``cache_full_blocks``)."""
+        caches, bs, seqs = self.prefix_caches, self.block_size, self._seqs
+        assert caches is not None
+        for i, r in zip(done.tolist(), self._rank[done].tolist()):
+            hashes = seqs[i].block_hashes  # type: ignore[union-attr]
+            if hashes:
+                reserved = -(-self._kv[r] // bs)
+                caches[r].insert(hashes, reserved)
+
     def _finish_stats(self, fin: np.ndarray, ranks: np.ndarray, generated: np.ndarray, now: float) -> None:
         """Request-level histograms of finished slots (stats.py ``update_from_finished_request``)."""
         m = self.metrics
@@ -611,7 +646,7 @@ class Engine:
         prompt = self._prompt[fin]
         m.request_prompt.observe_many(prompt, ranks)
         m.request_generation.observe_many(generated, ranks)
-        m.prefill_kv_computed.observe_many(prompt - self._cached[fin], ranks)
+        m.prefill_kv_computed.observe_many(prompt - self._cached[fin] - self._local_hit[fin], ranks)
         maxp = self._maxparam[fin]
         has = maxp > 0
         m.params_max_tokens.observe_many(maxp[has], ranks[has])

@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-
 DRIFT_EVERY = 16
 #: Expected loads at or above this use the normal approximation of the Poisson.
 NORMAL_FROM = 25.0
@@ -297,3 +296,31 @@ def skewed_map(load: np.ndarray, ranks: int, slots_per_rank: int) -> ExpertMap:
         order += order[: ranks * slots_per_rank - E]
         out[l] = np.array(order).reshape(ranks, slots_per_rank)
     return ExpertMap(out)
+
+
+def record_dumps(router: ExpertRouter, directory: Any, windows: int, steps_per_window: int, tokens_per_step: int,
+                 ranks: int = 1) -> list[Any]:
+    """Record the router's load as dump snapshots the balancer reads (``balance plan --history``,
+    ``balance evaluate --load-dir``): ``directory/w<NNNN>/rank_<r>.json`` per window, each the
+    cumulative ``[L x E]`` tokens rank ``r`` routed (the ``DirLoadSource`` format; the step's tokens
+    split evenly over ``ranks`` DP ranks). Returns the snapshot directories, oldest first."""
+    import json
+    from pathlib import Path
+
+    root = Path(directory)
+    total = np.zeros((ranks, router.layers, router.experts))
+    out = []
+    for w in range(windows):
+        for _ in range(steps_per_window):
+            for r in range(ranks):
+                total[r] += router.route(max(tokens_per_step // ranks, 1))
+        snap = root / f"w{w:04d}"
+        snap.mkdir(parents=True, exist_ok=True)
+        for r in range(ranks):
+            doc = {"rank": r, "seq": w + 1, "layers": router.layers, "experts": router.experts,
+                   "expert_load": total[r].astype(np.int64).tolist()}
+            tmp = snap / f".rank_{r}.json.tmp"
+            tmp.write_text(json.dumps(doc))
+            tmp.replace(snap / f"rank_{r}.json")
+        out.append(snap)
+    return out

@@ -33,7 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from ascend_runtime import eventloop
-from ascend_runtime.sim import api, output
+from ascend_runtime.sim import api, output, prefix_cache
 from ascend_runtime.sim.config import SimConfig
 from ascend_runtime.sim.engine import Engine, EngineFull, RequestGroup, Sequence
 from ascend_runtime.sim.experts import ExpertMap, ExpertMapError, balancedness
@@ -191,11 +191,14 @@ class Handlers:
         # prefill with the first prompt's kv_transfer_params), so the other prompts prefill here
         event = asyncio.Event()
         groups = [RequestGroup(req.n) for _ in req.prompts] if req.n > 1 else None
+        hashes = (prefix_cache.request_block_hashes(body, chat, [p.tokens for p in req.prompts], st.cfg.block_size)
+                  if st.cfg.enable_prefix_caching else [None] * len(req.prompts))
         seqs = [st.engine.submit(req.prompts[plan.prompt].tokens, plan.tokens,
                                  prefilled=prefilled and plan.prompt == 0, stream=req.stream, req_id=sid,
                                  arrival=arrival, end_reason=plan.finish_reason, event=event,
                                  group=groups[plan.prompt] if groups else None,
-                                 max_tokens_param=req.max_tokens_param[plan.prompt])
+                                 max_tokens_param=req.max_tokens_param[plan.prompt],
+                                 block_hashes=hashes[plan.prompt])
                 for plan, sid in zip(req.choices, seq_ids)]
         answer = output.Answer(req, st.fingerprint)
         if req.stream:
@@ -516,7 +519,7 @@ async def start_simulator(config: SimConfig) -> SimHandle:
     holder["engine"] = engine
     # vllm:cache_config_info labels: CacheConfig.metrics_info() (vllm/config/cache.py), the fields the simulator has
     metrics.cache_info = {"block_size": str(cfg.block_size), "cache_dtype": "auto",
-                          "enable_prefix_caching": "True", "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
+                          "enable_prefix_caching": str(cfg.enable_prefix_caching), "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
                           "num_cpu_blocks": "None", "num_gpu_blocks": str(engine.kv_capacity // cfg.block_size),
                           "prefix_caching_hash_algo": "sha256"}
     st = SimState(cfg, engine, kv, faults, metrics, ready_at=loop.time() + cfg.startup_delay,

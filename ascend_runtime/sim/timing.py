@@ -31,7 +31,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ascend_runtime.config.model import ModelShape
-from ascend_runtime.sim.config import HARDWARE, ROLE_DEFAULTS, HardwareProfile, SimConfig
+from ascend_runtime.sim.config import (
+    HARDWARE,
+    ROLE_DEFAULTS,
+    HardwareProfile,
+    SimConfig,
+)
 
 #: Fixed per-step cost (scheduling, launch, sampling), seconds before calibration.
 STEP_OVERHEAD_S = 1e-3
@@ -120,11 +125,12 @@ class StepTime:
 class TimingModel:
     """Step-time model of one instance shape; ``step(batches, rank_load, active_slots)``."""
 
-    def __init__(self, cfg: SimConfig, scale: float | None = None) -> None:
+    def __init__(self, cfg: SimConfig, scale: float | None = None, hw: HardwareProfile | None = None) -> None:
+        """``hw`` overrides the hardware profile (default: the catalogue's, ``cfg.profile``)."""
         cfg = cfg if cfg.ep else cfg.resolved()
         self.cfg = cfg
         self.shape: ModelShape = cfg.model_shape()
-        self.hw: HardwareProfile = cfg.profile
+        self.hw: HardwareProfile = cfg.profile if hw is None else hw
         m, hw = self.shape, self.hw
         self.tp, self.ep = int(cfg.tp), int(cfg.ep)  # type: ignore[arg-type]
         self.moe_layers = m.num_moe_layers + (m.num_mtp_layers if cfg.mtp else 0)

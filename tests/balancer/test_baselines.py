@@ -186,3 +186,20 @@ def test_swift_balancer_matches_upstream(upstream, case):
     theirs = np.asarray(dep).reshape(layers, -1)
     ours = swift_balancer.place(hist, ranks, slots)
     assert (ours == theirs).all()
+
+
+def test_flashlb_batched_tree_search_equals_reference():
+    """The batched tree search (every layer and candidate at once) decides exactly as the per-layer reference."""
+    from ascend_runtime.balancer.baselines.flashlb_batched import tree_search_layers
+
+    rng = np.random.default_rng(5)
+    for _ in range(12):
+        experts, ranks = int(rng.choice([8, 16, 24])), int(rng.choice([4, 6, 8]))
+        slots = -(-experts // ranks) + int(rng.integers(0, 3))
+        hist = rng.poisson(rng.gamma(0.7, 200.0, size=(1, 3, experts)), size=(int(rng.integers(1, 6)), 3, experts))
+        x = flashlb.samples(hist.astype(float))
+        dep, rep, scores = tree_search_layers(x, ranks, slots)
+        for layer in range(3):
+            ref_dep, ref_rep, ref_score = flashlb.tree_search(x[:, layer], ranks, slots)
+            assert (dep[layer] == ref_dep).all() and (rep[layer] == ref_rep).all()
+            assert scores[layer] == ref_score

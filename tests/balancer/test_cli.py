@@ -1,6 +1,5 @@
 import json
 
-
 from ascend_runtime.balancer.expert_map import validate_map
 from ascend_runtime.balancer.trace import synthetic_trace
 from ascend_runtime.cli import main

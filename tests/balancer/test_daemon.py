@@ -7,7 +7,12 @@ import numpy as np
 from aiohttp import web
 
 from ascend_runtime.balancer.apply import SimulatorApplier
-from ascend_runtime.balancer.daemon import BalancerConfig, BalancerDaemon, Instance, start_in_thread
+from ascend_runtime.balancer.daemon import (
+    BalancerConfig,
+    BalancerDaemon,
+    Instance,
+    start_in_thread,
+)
 from ascend_runtime.balancer.expert_map import validate_map
 from ascend_runtime.balancer.publish import FilePublisher
 from ascend_runtime.balancer.sources import DirLoadSource, HttpLoadSource

@@ -2,7 +2,11 @@ import copy
 
 import numpy as np
 
-from ascend_runtime.balancer.expert_map import map_to_placement, placement_to_map, validate_map
+from ascend_runtime.balancer.expert_map import (
+    map_to_placement,
+    placement_to_map,
+    validate_map,
+)
 
 
 def good_map():

@@ -3,8 +3,17 @@ import pytest
 
 from ascend_runtime.balancer.eplb_greedy import eplb_greedy, trivial_placement
 from ascend_runtime.balancer.expert_map import placement_to_map, validate_map
-from ascend_runtime.balancer.measure import balancedness, moved_slots, rank_loads, replica_counts
-from ascend_runtime.balancer.placement import PlacementConfig, place_from_scratch, plan_placement
+from ascend_runtime.balancer.measure import (
+    balancedness,
+    moved_slots,
+    rank_loads,
+    replica_counts,
+)
+from ascend_runtime.balancer.placement import (
+    PlacementConfig,
+    place_from_scratch,
+    plan_placement,
+)
 from ascend_runtime.balancer.trace import synthetic_trace
 
 CASES = [(8, 8, None, None), (8, 9, None, None), (16, 5, None, None), (36, 2, None, None), (8, 9, 8, 2), (16, 5, 8, 4)]
@@ -110,7 +119,7 @@ def test_hedge_chosen_on_holdout_windows(ranks, slots, groups, nodes):
     hedges = (0.0, 3.0)
     # no greedy competitor, no evidence margin: the plain argmin over the held-out windows
     cfg = PlacementConfig(hedges=hedges, greedy_candidate=False, evidence=0.0)
-    plan, hedge = pl._scratch(fc.mean, ranks, slots, groups, nodes, fc.std, cfg, fc.holdout)
+    plan, hedge, _ = pl._scratch(fc.mean, ranks, slots, groups, nodes, fc.std, cfg, fc.holdout)
     validate_map(placement_to_map(plan, ranks), 64, ranks, slots)
     # the choice is the hedge whose plans had the lower peaks on the held-out windows
     scores = []
@@ -185,6 +194,6 @@ def test_greedy_on_last_window_wins_when_the_forecast_misleads():
     wins = [rng.lognormal(0, 1.0, (layers, n)) * 100 for _ in range(4)]
     stale = rng.lognormal(0, 1.0, (layers, n)) * 100  # unrelated to what comes next
     holdout = [(stale, np.zeros_like(stale), wins[k], wins[k]) for k in range(3)]  # the next window repeats the last
-    plan, hedge = pl._scratch(stale, ranks, slots, None, None, np.zeros_like(stale), PlacementConfig(), holdout, wins[3])
+    plan, hedge, _ = pl._scratch(stale, ranks, slots, None, None, np.zeros_like(stale), PlacementConfig(), holdout, wins[3])
     assert np.array_equal(plan, pl._greedy_refined(wins[3], ranks, slots, None, None, PlacementConfig().max_swap_rounds))
     assert validate_map(placement_to_map(plan, ranks), n, ranks, slots) == []

@@ -18,7 +18,6 @@ import pytest
 
 from ascend_runtime.config.errors import VALUE_LIMIT, ConfigError
 from ascend_runtime.config.loader import load_stack
-
 from tests.config.corpus import MARKER, Case, all_cases, applied, build, run_cli, sizes
 
 CASES = all_cases()
@@ -106,7 +105,8 @@ def test_long_values_are_cut(tmp_path: Path) -> None:
 
 def test_committed_stacks_and_other_namespaces_stay_valid(tmp_path: Path) -> None:
     """The checks refuse the corpus, not the committed stacks, nor kubernetes:/pulumi: keys, nor a routed plane."""
-    from tests.config.corpus import NS, Case as C, chain, inv, raw
+    from tests.config.corpus import NS, chain, inv, raw
+    from tests.config.corpus import Case as C
 
     for name in ("a2-staging", "cm384-prod", "kind", "local"):
         code, _, err = run_cli(["plan", "--stack", name])

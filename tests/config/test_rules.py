@@ -8,9 +8,20 @@ import pytest
 import yaml
 
 from ascend_runtime.config import secrets
-from ascend_runtime.config.errors import VALUE_LIMIT, ConfigError, Problem, path_problem, shorten
+from ascend_runtime.config.errors import (
+    VALUE_LIMIT,
+    ConfigError,
+    Problem,
+    path_problem,
+    shorten,
+)
 from ascend_runtime.config.inventory import Inventory
-from ascend_runtime.config.loader import misspelt_namespace, parse_inventory, parse_stack_config, parse_yaml
+from ascend_runtime.config.loader import (
+    misspelt_namespace,
+    parse_inventory,
+    parse_stack_config,
+    parse_yaml,
+)
 from ascend_runtime.planner.validation import RESERVED_PORTS
 
 NS = "ascend-deepseek:"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ascend_runtime.config.loader import available_stacks
+
 from .harness import Run, run_stack
 
 STACKS = available_stacks()

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from ascend_runtime.config.stack import DevicePluginConfig
-from ascend_runtime.deploy.manifests import manifest_files
-from ascend_runtime.deploy.objects.device_plugin import KIT_IMAGE_PULL_POLICY, RELEASE
 from ascend_runtime.planner import load_plan
+from ascend_runtime.render.manifests import manifest_files
+from ascend_runtime.render.objects.device_plugin import KIT_IMAGE_PULL_POLICY, RELEASE
 
 from .conftest import stack_run
 from .harness import ROOT, Run, run_stack

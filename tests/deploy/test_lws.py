@@ -26,16 +26,6 @@ import pytest
 import yaml
 
 from ascend_runtime.cli.commands import sim as sim_cli
-from ascend_runtime.deploy.objects.cluster import SUPER_POD_LABEL, lws_prerequisite
-from ascend_runtime.deploy.objects.common import Context
-from ascend_runtime.deploy.objects.engine import instance_objects, simulator_command
-from ascend_runtime.deploy.objects.lws import (
-    ENV_GROUP_SIZE,
-    ENV_WORKER_INDEX,
-    RELEASE,
-    SET_NAME_LABEL,
-    WORKER_INDEX_LABEL,
-)
 from ascend_runtime.planner import Plan, load_plan
 from ascend_runtime.render.engine_args import engine_command
 from ascend_runtime.render.environment import rank_env
@@ -45,6 +35,16 @@ from ascend_runtime.render.launch import (
     worker_argv,
     worker_launch_script,
     worker_script_name,
+)
+from ascend_runtime.render.objects.cluster import SUPER_POD_LABEL, lws_prerequisite
+from ascend_runtime.render.objects.common import Context
+from ascend_runtime.render.objects.engine import instance_objects, simulator_command
+from ascend_runtime.render.objects.lws import (
+    ENV_GROUP_SIZE,
+    ENV_WORKER_INDEX,
+    RELEASE,
+    SET_NAME_LABEL,
+    WORKER_INDEX_LABEL,
 )
 from ascend_runtime.render.paths import LEADER_WATCH
 from ascend_runtime.sim.from_plan import sim_config_from_plan

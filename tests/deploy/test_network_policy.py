@@ -24,8 +24,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from ascend_runtime.deploy.objects import build_system
 from ascend_runtime.planner import load_plan
+from ascend_runtime.render.objects import build_system
+from ascend_runtime.render.objects.balancer import has_role
+from ascend_runtime.render.objects.common import Context
 
 from .conftest import K8S_STACKS, stack_run
 from .pods import pods_by_rank
@@ -192,6 +194,9 @@ def _balancer_name(topo: Topology) -> str | None:
 
 
 def _balanced(topo: Topology) -> list[Any]:
+    """Decode instances the balancer serves: expert-parallel ones, on targets where it is deployed."""
+    if not has_role(Context(topo.plan)):
+        return []
     return [i for i in topo.plan.by_role("decode") if i.ep > 1]
 
 

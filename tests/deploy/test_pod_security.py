@@ -22,10 +22,15 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from ascend_runtime.deploy.objects import build_system
-from ascend_runtime.deploy.objects.common import RUNTIME_GID, RUNTIME_UID, SIM_ADMIN_SECRET, SIM_ADMIN_TOKEN_ENV
-from ascend_runtime.deploy.objects.engine import ENGINE_CAPABILITIES
 from ascend_runtime.planner import load_plan
+from ascend_runtime.render.objects import build_system
+from ascend_runtime.render.objects.common import (
+    RUNTIME_GID,
+    RUNTIME_UID,
+    SIM_ADMIN_SECRET,
+    SIM_ADMIN_TOKEN_ENV,
+)
+from ascend_runtime.render.objects.engine import ENGINE_CAPABILITIES
 
 from .conftest import K8S_STACKS, stack_run
 from .harness import PROJECT, run_stack

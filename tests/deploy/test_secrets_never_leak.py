@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from ascend_runtime.cli import main
-from ascend_runtime.deploy.objects.common import (
+from ascend_runtime.render.objects.common import (
     ENGINE_ENV_SECRET_NAME,
     secret_placeholder,
 )

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from ascend_runtime.deploy.objects.common import Context
-from ascend_runtime.deploy.objects.monitoring import dashboard_json
 from ascend_runtime.engine import conformance
 from ascend_runtime.engine.releases import METRICS, RELEASES
 from ascend_runtime.engine.surface import load_surface, supported_releases
 from ascend_runtime.planner import Plan
 from ascend_runtime.render import engine_args
+from ascend_runtime.render.objects.common import Context
+from ascend_runtime.render.objects.monitoring import dashboard_json
 from tests.conftest import STACK_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,6 +82,7 @@ def test_0_11_and_0_23_plans_conform(edited_plan, version: str) -> None:
         if version == "0.11.0":
             for role in ("prefill", "decode"):
                 cfg[role].pop("eplb", None)
+                cfg[role].pop("modules", None)  # finegrained_tp_config is 0.23-only (planner/modules.py)
                 cfg[role]["max_num_batched_tokens"] = max(cfg[role]["max_num_batched_tokens"], 256)
 
     plan = edited_plan("a2-staging", edit)

@@ -12,14 +12,17 @@ import yaml
 
 import tests.deploy.test_network_policy as netpol
 from ascend_runtime.cli import build_parser
-from ascend_runtime.deploy.manifests import manifest_files
-from ascend_runtime.deploy.objects import build_system
-from ascend_runtime.deploy.objects.common import (
+from ascend_runtime.faults import signals
+from ascend_runtime.faults.topology import Topology
+from ascend_runtime.planner import load_plan
+from ascend_runtime.render.manifests import manifest_files
+from ascend_runtime.render.objects import build_system
+from ascend_runtime.render.objects.common import (
     RUNTIME_GID,
     RUNTIME_UID,
     secret_placeholder,
 )
-from ascend_runtime.deploy.objects.faults import (
+from ascend_runtime.render.objects.faults import (
     METRICS_PORT,
     NAME,
     PROXY_ADMIN_SECRET,
@@ -28,9 +31,6 @@ from ascend_runtime.deploy.objects.faults import (
     TOPOLOGY_KEY,
     fault_watcher_objects,
 )
-from ascend_runtime.faults import signals
-from ascend_runtime.faults.topology import Topology
-from ascend_runtime.planner import load_plan
 from tests.deploy.harness import PROJECT, run_stack
 
 K8S_STACKS = ["kind", "a2-staging", "cm384-prod"]

@@ -147,7 +147,7 @@ def test_topology_from_a_plan_with_a_spare() -> None:
 async def test_a_failed_read_keeps_the_fault_and_rbac_of_the_objects_suffices() -> None:
     """The watcher under exactly the ClusterRole/Role of its objects: no call is denied; a read that
     fails (500) neither clears nor invents a fault; a rule removed is visible as denied reads."""
-    from ascend_runtime.deploy.objects.faults import namespace_rules, rules_for_nodes
+    from ascend_runtime.render.objects.faults import namespace_rules, rules_for_nodes
 
     fake = FakeKubernetesApi()
     await fake.start()

@@ -26,7 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, assert_checks_passed, bindable, kill_recorded, plan_addresses
+from .conftest import (
+    ROOT,
+    assert_checks_passed,
+    bindable,
+    kill_recorded,
+    plan_addresses,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,13 @@ import pytest
 
 from ascend_runtime.checks.metrics import SLO, RequestResult, ThroughputResult
 from ascend_runtime.checks.smoke import ItemResult, SmokeReport
-from ascend_runtime.local.host import CpuSample, CpuUse, HostLoad, mean_modelled_step, parse_step_totals
+from ascend_runtime.local.host import (
+    CpuSample,
+    CpuUse,
+    HostLoad,
+    mean_modelled_step,
+    parse_step_totals,
+)
 from ascend_runtime.local.report import LocalReport, comparison_lines, host_load
 from ascend_runtime.planner import load_plan
 

@@ -12,7 +12,12 @@ from ascend_runtime.proxy.instances import (
     parse_cli_instance,
     specs_from_data,
 )
-from ascend_runtime.proxy.pd import RecomputeTracker, build_prefill_request, estimate_prompt_tokens, sse_events
+from ascend_runtime.proxy.pd import (
+    RecomputeTracker,
+    build_prefill_request,
+    estimate_prompt_tokens,
+    sse_events,
+)
 from ascend_runtime.proxy.pool import InstancePool, NoInstanceError
 
 

@@ -60,6 +60,7 @@ def test_llmdatadist_env_names_on_0_11(plans: dict[str, Plan], edited_plan) -> N
         c["engine"].update(vllm_ascend_version="0.11.0", kv_connector="llmdatadist"),
         c["prefill"].pop("eplb"),
         c["decode"].update(max_num_batched_tokens=256),
+        c["decode"].pop("modules", None),  # finegrained_tp_config is 0.23-only (planner/modules.py)
     ))
     env = rank_env(plan, plan.ranks[0])
     assert env["DISAGGREGATED_PREFILL_RANK_TABLE_PATH"] == "/etc/ascend-deploy/ranktables/pd-llmdatadist.json"
@@ -104,7 +105,7 @@ def test_operator_switches_per_release(plans: dict[str, Plan], edited_plan) -> N
         assert env["VLLM_ASCEND_ENABLE_MLAPO"] == ("1" if rank.role == "decode" else "0")
     old = edited_plan("a2-staging", lambda c: (
         c["engine"].update(vllm_ascend_version="0.11.0"), c["prefill"].pop("eplb"),
-        c["decode"].update(max_num_batched_tokens=256),
+        c["decode"].update(max_num_batched_tokens=256), c["decode"].pop("modules", None),  # 0.23-only keys
     ))
     for rank in old.ranks:  # 0.11 has no fused MC2 switch; FlashComm1 is an env var there
         env = rank_env(old, rank)

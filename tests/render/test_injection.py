@@ -17,9 +17,6 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from ascend_runtime.deploy.objects.checks import check_script
-from ascend_runtime.deploy.objects.common import Context
-from ascend_runtime.deploy.objects.engine import probes
 from ascend_runtime.planner import Plan, load_plan
 from ascend_runtime.render.engine_args import engine_command
 from ascend_runtime.render.environment import rank_env
@@ -29,6 +26,9 @@ from ascend_runtime.render.launch import (
     leader_watch_script,
     render_template_in,
 )
+from ascend_runtime.render.objects.checks import check_script
+from ascend_runtime.render.objects.common import Context
+from ascend_runtime.render.objects.engine import probes
 from ascend_runtime.render.paths import LEADER_WATCH, templates_dir
 from ascend_runtime.render.shell import quote, shell_environment, text_environment
 

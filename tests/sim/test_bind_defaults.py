@@ -9,8 +9,8 @@ import pytest
 from ascend_runtime.cli import build_parser
 from ascend_runtime.cli.commands.proxy import config_from_args as proxy_config
 from ascend_runtime.cli.commands.sim import config_from_args as sim_config
-from ascend_runtime.deploy.objects import build_system
 from ascend_runtime.planner import load_plan
+from ascend_runtime.render.objects import build_system
 
 LOOPBACK = "127.0.0.1"
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ascend_runtime.cli import build_parser
-from ascend_runtime.cli.commands.sim import argv_from_config, config_from_args
+from ascend_runtime.cli.commands.sim import config_from_args
 from ascend_runtime.planner import load_plan
+from ascend_runtime.sim.flags import argv_from_config
 from ascend_runtime.sim.from_plan import sim_config_from_plan
 
 

@@ -329,10 +329,14 @@ def place(load: np.ndarray, num_ranks: int, slots_per_rank: int, previous: np.nd
     x_all = samples(hist) if variant == "tree" else hist[-1:] + 1.0
     buf = hist + 1.0  # upstream's window buffer: every window of the call
     out = np.empty((layers, ranks * slots), dtype=np.int64)
+    if variant == "tree":  # all layers in one batch: the same decisions as tree_search layer by layer
+        from ascend_runtime.balancer.baselines.flashlb_batched import tree_search_layers
+
+        tree = tree_search_layers(x_all, ranks, slots)
     for layer in range(layers):
         x = x_all[:, layer]
         if variant == "tree":
-            dep, rep, s_new = tree_search(x, ranks, slots)
+            dep, rep, s_new = tree[0][layer], tree[1][layer], float(tree[2][layer])
         elif variant == "pr3042":
             dep = pr3042_layer(x, ranks, slots, rng)
             rep = np.bincount(dep.ravel(), minlength=n)

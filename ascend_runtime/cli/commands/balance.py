@@ -13,13 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from ascend_runtime.cli.stackargs import input_error
+from ascend_runtime.cli.stackargs import add_stack_options, env_secret, input_error
 
 PLAN_POLICIES = ("ours", "greedy", "swift_balancer", "flashlb")
+EVAL_POLICIES = ("none", "greedy", "swift_balancer", "flashlb", "ours")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``balance`` with sub-commands ``plan`` and ``serve``."""
+    """Add ``balance`` with sub-commands ``plan``, ``evaluate`` and ``serve``."""
     p = subparsers.add_parser("balance", help="expert load balancing: plan a map, or run the daemon")
     sub = p.add_subparsers(dest="balance_command", metavar="SUBCOMMAND")
     p.set_defaults(func=lambda a: (p.print_help(sys.stderr), 2)[1])
@@ -41,6 +42,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="policy to plan with (repeat to compare; the first is written to --out)")
     plan.add_argument("--out", required=True, help="where to write the vLLM-Ascend expert map (atomically)")
     plan.set_defaults(func=cmd_plan)
+
+    ev = sub.add_parser("evaluate", help="replay recorded expert load through policies, redundancy and intervals")
+    ev.add_argument("--load-dir", required=True, help="recorded load: a directory of dump snapshots (sub-directories of "
+                    "rank_<r>.json, oldest first by name), optionally split into prefill/ and decode/, or a .npy [W, L, E]")
+    add_stack_options(ev, required=False)
+    ev.add_argument("--ranks", type=int, help="without --stack: EP size of the one stage replayed")
+    ev.add_argument("--hardware", default="atlas-800i-a2", help="without --stack: hardware kind (link bandwidth)")
+    ev.add_argument("--batch-tokens", type=int, default=2048, help="without --stack: tokens per engine step")
+    ev.add_argument("--policy", action="append", choices=list(EVAL_POLICIES), help="policies to replay (repeat; default all)")
+    ev.add_argument("--interval", action="append", type=int, help="rebalance every N windows (repeat; default 1, 2, 4)")
+    ev.add_argument("--window-steps", type=int, default=600, help="engine steps one recorded window spans (maps the "
+                    "interval to eplb.heat_collection_interval)")
+    ev.add_argument("--window-seconds", type=float, default=60.0, help="seconds one recorded window spans (moves per hour)")
+    ev.add_argument("--plot", default="balance-evaluate.png", help="PNG of balancedness and MoE time over the replay")
+    ev.set_defaults(func=cmd_evaluate)
 
     serve = sub.add_parser("serve", help="run the balancing daemon")
     serve.add_argument("--instance", action="append", default=[], metavar="NAME=URL",
@@ -83,17 +99,17 @@ def _read_json(path: str, field: str) -> tuple[Any, int]:
         return None, input_error(field, f"{path} is not readable JSON ({exc}); fix the file")
 
 
-def _read_history(path: str) -> tuple[np.ndarray | None, int]:
-    """``--history``: a .npy file or a directory of dump snapshots -> ``[W, L, E]``, or an exit code."""
+def _read_history(path: str, field: str = "--history") -> tuple[np.ndarray | None, int]:
+    """``field`` (``--history``): a .npy file or a directory of dump snapshots -> ``[W, L, E]``, or an exit code."""
     from ascend_runtime.balancer.sources import DirLoadSource
 
     p = Path(path)
     if not p.exists():
-        return None, input_error("--history", f"{path} does not exist; give a .npy file or a directory of dump snapshots")
+        return None, input_error(field, f"{path} does not exist; give a .npy file or a directory of dump snapshots")
     if p.is_dir():
         snaps = sorted(d for d in p.iterdir() if d.is_dir() and any(d.glob("rank_*.json")))
         if not snaps:
-            return None, input_error("--history", f"{path} has no sub-directories with rank_<r>.json dumps")
+            return None, input_error(field, f"{path} has no sub-directories with rank_<r>.json dumps")
         source = DirLoadSource("history", snaps[0])
         windows = []
         for snap in snaps:  # replay the snapshots as the daemon's dump-dir source sees them: deltas
@@ -102,12 +118,12 @@ def _read_history(path: str) -> tuple[np.ndarray | None, int]:
             if w is not None:
                 windows.append(w.expert_load)
         if not windows or len({w.shape for w in windows}) != 1:
-            return None, input_error("--history", f"{path}: no load, or snapshots of different layers x experts")
+            return None, input_error(field, f"{path}: no load, or snapshots of different layers x experts")
         return np.stack(windows), 0
     try:
         hist = np.asarray(np.load(p, allow_pickle=False), dtype=np.float64)
     except (OSError, ValueError) as exc:
-        return None, input_error("--history", f"{path} is not a readable .npy array ({exc})")
+        return None, input_error(field, f"{path} is not a readable .npy array ({exc})")
     return (hist[None] if hist.ndim == 2 else hist), 0
 
 
@@ -127,7 +143,7 @@ def _plan_one(policy: str, hist: np.ndarray, args: argparse.Namespace, previous:
             fc.update(w)
         f = fc.forecast()
         return plan_placement(f.mean, args.ranks, args.slots, args.groups, args.nodes, previous, f.std, config,
-                              holdout=f.holdout, last=f.last).placement
+                              holdout=f.holdout, last=f.last, history=hist).placement
     if policy == "greedy":
         return eplb_greedy(hist[-1], args.ranks, args.slots, args.groups, args.nodes)
     if policy == "swift_balancer":
@@ -218,6 +234,114 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_dir(path: str) -> tuple[dict[str, np.ndarray] | None, int]:
+    """``--load-dir`` -> {"prefill"/"decode"/"all": [W, L, E]}, or an exit code."""
+    p = Path(path)
+    if not p.exists():
+        return None, input_error("--load-dir", f"{path} does not exist; give a directory of dump snapshots or a .npy file")
+    parts = {role: p / role for role in ("prefill", "decode") if (p / role).is_dir()} or {"all": p}
+    out = {}
+    for role, d in parts.items():
+        hist, rc = _read_history(str(d), "--load-dir")
+        if rc:
+            return None, rc
+        if hist.ndim != 3 or hist.shape[0] < 2 or (hist < 0).any() or not np.isfinite(hist).all():
+            return None, input_error("--load-dir", f"{d}: need at least 2 windows of non-negative load, got shape {hist.shape}")
+        out[role] = hist
+    return out, 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Replay recorded load per stage; print the table, the recommendation as YAML, and write the plot."""
+    from ascend_runtime.balancer import evaluate as ev
+    from ascend_runtime.balancer.png import line_chart
+
+    loads, rc = _load_dir(args.load_dir)
+    if rc:
+        return rc
+    intervals = sorted(set(args.interval or [1, 2, 4]))
+    if any(k < 1 for k in intervals):
+        return input_error("--interval", "must be positive")
+    if args.window_steps < 1 or not args.window_seconds > 0:
+        return input_error("--window-steps/--window-seconds", "must be positive")
+    policies = list(dict.fromkeys(args.policy or EVAL_POLICIES))
+    if args.stack:
+        from ascend_runtime.config.errors import ConfigError
+        from ascend_runtime.config.loader import load_stack
+
+        try:
+            stack = load_stack(args.stack, args.stacks_dir)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        models = ev.stage_models(stack.config)
+    else:
+        if not args.ranks or args.ranks < 2:
+            return input_error("--ranks", "give the EP size (>= 2) of the stage, or --stack")
+        from ascend_runtime.config.model import ModelShape
+        from ascend_runtime.hardware import CATALOGUE
+        from ascend_runtime.sim.config import HARDWARE
+
+        if args.hardware not in CATALOGUE:
+            return input_error("--hardware", f"unknown kind {args.hardware!r}; valid: {', '.join(sorted(CATALOGUE))}")
+        any_load = next(iter(loads.values()))
+        shape = ModelShape(num_routed_experts=any_load.shape[2], num_layers=any_load.shape[1] + 3, num_expert_groups=1)
+        spec, prof = CATALOGUE[args.hardware], HARDWARE[args.hardware]
+        models = {"stage": ev._model("stage", args.ranks, shape, False, args.batch_tokens * shape.experts_per_token,
+                                     prof.hbm_bandwidth, prof.flops, spec.intra_node_gbps * 1e9, spec.inter_node_gbps * 1e9,
+                                     spec.devices_per_node, 0)}
+    recs, panels = [], []
+    for role, model in models.items():
+        hist = loads.get(role, loads.get("all"))
+        if hist is None:
+            return input_error("--load-dir", f"no load for stage {role} (give {role}/ or an undivided directory)")
+        if hist.shape[1:] != (model.layers, model.experts):
+            return input_error("--load-dir", f"load is {hist.shape[1]} layers x {hist.shape[2]} experts, the {role} stage's "
+                                             f"model has {model.layers} MoE layers x {model.experts} routed experts")
+        if not ev.redundancy_options(model):
+            return input_error("--ranks" if not args.stack else f"{role}.ep",
+                               f"{model.experts} experts + 0, {model.ranks} or {2 * model.ranks} redundant do not fill "
+                               f"{model.ranks} ranks evenly; use an EP size that divides {model.experts}")
+        try:
+            replays = ev.evaluate(hist, model, policies, intervals, progress=lambda m: print(f"replaying {m}", file=sys.stderr),
+                                   window_steps=args.window_steps)
+        except ValueError as exc:
+            return input_error("--load-dir", str(exc))
+        w = hist.shape[0] - 1
+        print(f"\nstage {role}: EP {model.ranks}, {hist.shape[0]} windows x {hist.shape[1]} layers x {hist.shape[2]} experts; "
+              f"{model.tokens_per_step:.0f} token-expert assignments per step; expert {model.bytes_per_expert / 1e6:.1f} MB, "
+              f"link {model.link_bytes_per_s / 1e9:.1f} GB/s")
+        print(f"{'policy':>15} {'redundant':>9} {'interval':>8} {'balancedness':>12} {'MoE ms/step':>11} {'moves/hour':>10}")
+        for r in replays:
+            print(f"{r.policy:>15} {r.redundant:>9} {r.interval:>8} {r.mean_balancedness:>12.4f} {r.mean_moe_ms:>11.3f} "
+                  f"{ev.moves_per_hour(r, w, args.window_seconds):>10.0f}")
+        rec = ev.recommend(model, replays, args.window_steps)
+        recs.append(rec)
+        best = rec["replay"]
+        line = (f"recommended for {role}: {best.policy} redundant={rec['redundant_experts']} interval={best.interval} "
+                f"(MoE {rec['moe_ms']:.3f} ms/step)")
+        if rec["ours"] is not None:
+            o = rec["ours"]
+            line += (f"; ours (needs static maps, not read in-engine by 0.23.0) redundant={o.redundant} interval={o.interval}: "
+                     f"{o.mean_moe_ms:.3f} ms/step")
+        print(line + (f"; {rec['note']}" if rec["note"] else ""))
+        shown = {}
+        for r in replays:  # per policy, its best setting
+            if r.policy not in shown or r.mean_moe_ms < shown[r.policy].mean_moe_ms:
+                shown[r.policy] = r
+        panels.append((f"{role}: balancedness (next window)", {p: r.balancedness for p, r in shown.items()}))
+        panels.append((f"{role}: MoE ms per step incl. moves", {p: r.moe_ms for p, r in shown.items()}))
+    print("\n# stack settings to paste (stacks/Pulumi.<stack>.yaml)")
+    print(ev.recommendation_yaml([r for r in recs if r["role"] in ("prefill", "decode")]) if args.stack
+          else ev.recommendation_yaml([{**r, "role": "<stage>"} for r in recs]), end="")
+    try:
+        legend = line_chart(args.plot, panels)
+    except OSError as exc:
+        return input_error("--plot", f"cannot write {args.plot} ({exc})")
+    print(f"wrote {args.plot} ({legend['Legend']})")
+    return 0
+
+
 def _pairs(values: list[str], flag: str) -> list[tuple[str, str]] | str:
     out = []
     for v in values:
@@ -281,11 +405,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return input_error("--publish-file/--configmap", "give where to publish maps, or --dry-run")
     if args.apply == "drain-restart" and not args.proxy:
         return input_error("--proxy", "drain-restart needs the proxy URL")
-    sim_token = None
-    if args.sim_token_env:
-        sim_token = os.environ.get(args.sim_token_env)
-        if not sim_token:
-            return input_error("--sim-token-env", f"variable {args.sim_token_env} is not set or empty")
+    sim_token, rc = env_secret("--sim-token-env", args.sim_token_env)
+    if rc:
+        return rc
     core_api = None
     if args.configmap or args.apply == "drain-restart":
         from kubernetes import client

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ascend_runtime import eventloop
-from ascend_runtime.cli.stackargs import input_error
+from ascend_runtime.cli.stackargs import env_secret, input_error
 
 PROXY_TOKEN_ENV = "ASCEND_PROXY_TOKEN"
 
@@ -89,7 +89,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         topology = Topology.from_plan(plan)
         namespace = plan.config["kubernetes"]["namespace"]
         if plan.target in ("kubernetes", "kind"):
-            from ascend_runtime.deploy.objects.common import PROXY_NAME
+            from ascend_runtime.render.objects.common import PROXY_NAME
 
             service_default = f"{namespace}/{PROXY_NAME}:{plan.proxy_port}"
         elif not args.proxy:
@@ -111,11 +111,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
     token = os.environ.get(args.token_env, "")
     if not token:
         return input_error("--token-env", f"variable {args.token_env} is not set or empty (the proxy admin token)")
-    kube_token = None
-    if args.kube_token_env:
-        kube_token = os.environ.get(args.kube_token_env)
-        if not kube_token:
-            return input_error("--kube-token-env", f"variable {args.kube_token_env} is not set or empty")
+    kube_token, rc = env_secret("--kube-token-env", args.kube_token_env)
+    if rc:
+        return rc
     from ascend_runtime.faults.kube import from_environment
 
     try:

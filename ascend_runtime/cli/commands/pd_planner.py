@@ -13,7 +13,8 @@ from ascend_runtime.cli.stackargs import add_stack_options, plan_or_exit
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the `pd-planner` sub-command."""
     p = subparsers.add_parser("pd-planner", help="plan the prefill:decode instance split from proxy metrics")
-    add_stack_options(p)
+    add_stack_options(p, required=False)
+    p.add_argument("--plan-file", help="the Plan as JSON (plan.json of `render`), instead of --stack (in a cluster)")
     p.add_argument("--proxy-metrics", metavar="URL", help="proxy metrics URL (default: the Plan's proxy URL + /metrics)")
     p.add_argument("--interval", type=float, default=30.0, help="seconds between decisions (default 30)")
     p.add_argument("--dry-run", action="store_true", help="only log and export metrics; never publish a target")
@@ -26,6 +27,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--metrics-port", type=int, help="serve the planner's Prometheus /metrics here")
     p.add_argument("--max-cycles", type=int, help="stop after this many cycles")
+    p.add_argument("--state-dir", help="local target: the running stack's state directory "
+                   "(default $ASCEND_DEPLOY_STATE_DIR/<stack>)")
+    p.add_argument("--proxy-admin", metavar="NS/NAME:PORT",
+                   help="kubernetes/kind: the proxy Service whose every replica is drained (default: the Plan's proxy)")
+    p.add_argument("--token-env", default="ASCEND_PROXY_TOKEN",
+                   help="variable holding the proxy admin token (kubernetes/kind; default ASCEND_PROXY_TOKEN)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=handler)
 
@@ -41,15 +48,26 @@ def handler(args: argparse.Namespace) -> int:
     )
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not args.dry_run and not args.target_file:
-        print("error: --target-file: give where targets are written, or --dry-run", file=sys.stderr)
-        return 2
     if args.interval <= 0 or args.margin < 0 or args.k < 1 or args.max_changes_per_hour < 0:
         print("error: need --interval > 0, --margin >= 0, --k >= 1, --max-changes-per-hour >= 0", file=sys.stderr)
         return 2
-    plan = plan_or_exit(args)
-    if plan is None:
+    if bool(args.stack) == bool(args.plan_file):
+        print("error: --stack / --plan-file: give exactly one", file=sys.stderr)
         return 2
+    if args.plan_file:
+        from pathlib import Path  # noqa: PLC0415
+
+        from ascend_runtime.pdplanner.from_plan import plan_from_json  # noqa: PLC0415
+
+        try:
+            plan = plan_from_json(Path(args.plan_file).read_text())
+        except (OSError, ValueError) as exc:
+            print(f"error: --plan-file {args.plan_file}: {exc}", file=sys.stderr)
+            return 2
+    else:
+        plan = plan_or_exit(args)
+        if plan is None:
+            return 2
     try:
         pool = pool_from_plan(plan)
     except ValueError as exc:
@@ -62,6 +80,11 @@ def handler(args: argparse.Namespace) -> int:
         default_output_tokens=float(check.get("output_len", 2048)), metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
     )
+    if plan.flex_groups:
+        return _run_pool(args, plan, cfg, pool)
+    if not args.dry_run and not args.target_file:
+        print("error: --target-file: give where targets are written, or --dry-run", file=sys.stderr)
+        return 2
     planner = PlannerConfig(margin=args.margin, k_intervals=args.k, max_changes_per_hour=args.max_changes_per_hour)
     daemon = PDPlanner(cfg, pool, slo_from_plan(plan), planner, counts_from_plan(plan))
     try:
@@ -69,3 +92,98 @@ def handler(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _run_pool(args: argparse.Namespace, plan, cfg, pool) -> int:  # type: ignore[no-untyped-def]
+    """pd_ratio auto: decide the split of the flexible groups and, unless --dry-run, move them."""
+    import aiohttp  # noqa: PLC0415
+
+    from ascend_runtime.pdplanner.actuate import ActuationError  # noqa: PLC0415
+    from ascend_runtime.pdplanner.daemon import PDPlanner  # noqa: PLC0415
+    from ascend_runtime.pdplanner.from_plan import (  # noqa: PLC0415
+        group_pool_from_plan,
+        planner_config_from_plan,
+        slo_from_plan,
+    )
+
+    pd = plan.config["pd_ratio"]
+    groups = group_pool_from_plan(plan)
+    base = planner_config_from_plan(plan)
+    # explicit options win over the stack's pd_ratio keys
+    planner = type(base)(margin=args.margin if args.margin != 0.15 else base.margin,
+                         k_intervals=args.k if args.k != 3 else base.k_intervals,
+                         max_changes_per_hour=(args.max_changes_per_hour if args.max_changes_per_hour != 4
+                                               else base.max_changes_per_hour))
+    if args.interval == 30.0:
+        cfg.interval_s = float(pd["interval_s"])
+    fixed_prefill = [i for i in plan.by_role("prefill") if plan.flex_group_of(i.name) is None]
+
+    async def main() -> int:
+        async with aiohttp.ClientSession() as session:
+            mover = None
+            if not args.dry_run:
+                try:
+                    mover = await _mover(args, plan, session)
+                except ActuationError as exc:
+                    print(f"error: {exc}", file=sys.stderr)
+                    return 2
+            layout = mover.layout if mover is not None else {g.name: g.initial for g in plan.flex_groups}
+
+            def engine_urls() -> list[str]:
+                names = [i.name for i in fixed_prefill] + [n for g in plan.flex_groups if layout[g.name] == "prefill"
+                                                           for n in g.prefill]
+                return [_engine_url(plan, n) for n in names]
+
+            daemon = PDPlanner(cfg, pool, slo_from_plan(plan), planner, groups.counts(
+                sum(1 for r in layout.values() if r == "prefill")), groups=groups, mover=mover, engine_urls=engine_urls)
+            if mover is None:
+                daemon.current_k = sum(1 for r in layout.values() if r == "prefill")
+            await daemon.run(max_cycles=args.max_cycles)
+        return 0
+
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        return 0
+
+
+def _engine_url(plan, name: str) -> str:  # type: ignore[no-untyped-def]
+    """Where the planner reads an instance's /metrics: its API Service in a cluster, its address locally."""
+    if plan.target == "local":
+        return plan.instance(name).api_url
+    from ascend_runtime.render.objects.common import Context  # noqa: PLC0415
+    from ascend_runtime.render.objects.engine import api_service_url  # noqa: PLC0415
+
+    return api_service_url(Context(plan, frozenset()), plan.instance(name))
+
+
+async def _mover(args: argparse.Namespace, plan, session):  # type: ignore[no-untyped-def]
+    """The GroupMover of the stack's target (local processes or Kubernetes replicas)."""
+    import os  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from ascend_runtime.pdplanner.actuate import ActuationError, GroupMover, PlannerProxyAdmin  # noqa: PLC0415
+
+    pd = plan.config["pd_ratio"]
+    if plan.target == "local":
+        from ascend_runtime.local.state import default_state_root  # noqa: PLC0415
+        from ascend_runtime.pdplanner.actuate_local import LocalBackend, LocalMover  # noqa: PLC0415
+
+        state_dir = Path(args.state_dir) if args.state_dir else default_state_root() / plan.stack
+        backend = LocalBackend(plan, state_dir, getattr(args, "stacks_dir", None))
+        return LocalMover(plan, backend, session, float(pd["drain_timeout_s"]), float(pd["ready_timeout_s"]))
+    from ascend_runtime.faults.kube import KubeClient, from_environment  # noqa: PLC0415
+    from ascend_runtime.faults.proxies import ProxyService  # noqa: PLC0415
+    from ascend_runtime.pdplanner.actuate_k8s import KubeBackend  # noqa: PLC0415
+
+    token = os.environ.get(args.token_env)
+    if not token:
+        raise ActuationError(f"--token-env {args.token_env}: the variable holding the proxy admin token is not set")
+    namespace = plan.config["kubernetes"]["namespace"]
+    kube = KubeClient(from_environment(), session, timeout_s=10.0)
+    service = ProxyService.parse(args.proxy_admin or f"{namespace}/pd-proxy:{plan.proxy_port}")
+    proxy = PlannerProxyAdmin(session, token, service=service, kube=kube, timeout_s=5.0)
+    backend = KubeBackend(plan, kube, namespace)
+    layout = await backend.read_layout()
+    return GroupMover(plan, backend, proxy, layout, lambda n: _engine_url(plan, n), float(pd["drain_timeout_s"]),
+                      float(pd["ready_timeout_s"]), poll_s=2.0)

@@ -8,7 +8,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from ascend_runtime.cli.stackargs import add_stack_options, plan_or_exit
+from ascend_runtime.cli.stackargs import add_stack_options, input_error, plan_or_exit
 from ascend_runtime.planner import Plan
 
 
@@ -17,6 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("plan", help="validate a stack and show its Plan", description=__doc__)
     add_stack_options(parser)
     parser.add_argument("--json", action="store_true", help="print the Plan as deterministic JSON")
+    parser.add_argument("--advise", action="store_true",
+                        help="compare candidate per-stage layouts with the performance model (docs/planning.md)")
     parser.set_defaults(func=run)
 
 
@@ -53,14 +55,23 @@ def summary_lines(plan: Plan) -> list[str]:
     unused = [n.name for n in plan.nodes if n.role is None]
     lines.append(f"unused nodes: {', '.join(unused) if unused else 'none'}")
     lines.append(f"proxy: {plan.proxy_url}")
+    if plan.instances:
+        lines.append(plan.proxy.describe())  # planner/proxy_sizing.py
     return lines
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the Plan; exit 2 with the problems when the stack is invalid."""
+    if getattr(args, "advise", False) and args.json:
+        return input_error("--advise", "prints a text comparison; use it without --json")
     plan = plan_or_exit(args)
     if plan is None:
         return 2
+    if getattr(args, "advise", False):
+        from ascend_runtime.planner.advise import advice_lines  # noqa: PLC0415
+
+        print("\n".join(advice_lines(plan)))
+        return 0
     if args.json:
         sys.stdout.write(plan.to_json())
         return 0

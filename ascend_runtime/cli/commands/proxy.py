@@ -9,7 +9,6 @@ import os
 import sys
 from pathlib import Path
 
-from ascend_runtime import eventloop
 from ascend_runtime.proxy.config import (
     Limits,
     OutlierPolicy,
@@ -31,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # noqa: SLF001
     p.add_argument("--host", default="127.0.0.1",
                    help="listen address (default 127.0.0.1; give 0.0.0.0 or an interface address to serve others)")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--workers", type=int, default=1,
+                   help="proxy processes sharing the port (SO_REUSEPORT), one core each; admin calls and "
+                        "/metrics cover all of them (docs/proxy.md, Workers) (default %(default)s)")
     src = p.add_argument_group("instances (command line, file, or Kubernetes)")
     src.add_argument("--prefill", action="append", default=[], metavar="URL[,name=NAME][,weight=W]")
     src.add_argument("--decode", action="append", default=[], metavar="URL[,name=NAME][,weight=W]")
@@ -165,11 +167,28 @@ def handler(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = config_from_args(args)
+        if args.workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {args.workers}")
     except (InstanceSpecError, ValueError) as exc:
         print(f"ascend-deploy proxy: {exc}", file=sys.stderr)
         return 2
+    if args.workers > 1:
+        from ascend_runtime.proxy.workers import serve_workers
+
+        k8s = None
+        if args.k8s_namespace:
+            k8s = (args.k8s_namespace, {r: s for r, s in (("prefill", args.k8s_prefill_selector),
+                                                          ("decode", args.k8s_decode_selector)) if s},
+                   args.k8s_port_name)
+        try:
+            return serve_workers(cfg, args.workers, k8s, log_level=logging.getLogger().level)
+        except OSError as exc:
+            print(f"ascend-deploy proxy: {exc}", file=sys.stderr)
+            return 1
+    from ascend_runtime.proxy.workers import run_loop
+
     try:
-        eventloop.run(_serve(cfg, args))
+        run_loop(_serve(cfg, args))
     except KeyboardInterrupt:
         pass
     except OSError as exc:

@@ -102,29 +102,6 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 #: SimConfig fields with a flag of the same name (``kv_port`` -> ``--kv-port``); booleans are switches.
-FLAG_FIELDS = (
-    "role", "instance", "host", "port", "kv_port", "kv_host", "hardware", "npus", "dp", "tp", "ep", "nodes",
-    "max_num_seqs", "max_num_batched_tokens", "redundant_experts", "mtp", "speedup", "startup_delay", "link_gbps",
-    "kv_timeout_s", "kv_wire_scale", "seed", "model", "expert_map",
-)
-
-
-def argv_from_config(cfg: SimConfig) -> list[str]:
-    """`ascend-deploy sim` arguments that reproduce ``cfg`` (the inverse of :func:`config_from_args`).
-
-    The admin token is never an argument: callers add ``--admin-token-env VAR`` and set ``VAR``.
-    """
-    argv: list[str] = []
-    for name in FLAG_FIELDS:
-        value = getattr(cfg, name)
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            argv += [flag] if value else []
-        elif value is not None:
-            argv += [flag, repr(value) if isinstance(value, float) else str(value)]
-    return argv
-
-
 def handler(args: argparse.Namespace) -> int:
     """Run the simulator until interrupted."""
     from ascend_runtime.sim.server import run_simulator

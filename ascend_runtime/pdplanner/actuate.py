@@ -1,0 +1,199 @@
+"""Moving a flexible node group between prefill and decode without dropping a request.
+
+One move (:func:`move_group`), whatever runs the instances (a :class:`Backend`: local processes,
+``actuate_local``; Kubernetes replica counts, ``actuate_k8s``):
+
+1. drain the group's running instances in every proxy replica (``POST /admin/instances/drain``):
+   no new requests go to them;
+2. wait until every replica reports them idle: no request in flight, no prompt tokens held for a
+   decode that has not started (a prefill keeps its KV blocks until then), no active stream; bounded
+   by ``drain_timeout_s``. Past it the move is abandoned: the instances are undrained and keep
+   serving, nothing was stopped, so no request is dropped;
+3. stop them, start the other shape's instances and wait until they pass their health checks
+   (bounded by ``ready_timeout_s``; if they do not, they are stopped, the old shape is started
+   again and undrained once healthy);
+4. add the new instances to every proxy replica under their role (``POST /admin/instances/add``)
+   and remove the old ones (``POST /admin/instances/remove``).
+
+The groups one decision moves move concurrently (each leaves the stage that has them in surplus).
+
+``layout`` (group name -> role running) is what the planner counts from; a move updates it only
+when it completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+
+from ascend_runtime.faults.proxies import ProxyAdmin, ProxyError
+from ascend_runtime.planner.plan import FlexGroup, Plan
+
+log = logging.getLogger(__name__)
+
+
+class ActuationError(Exception):
+    """A move that could not complete; the group is left serving in the shape it had."""
+
+
+class Backend(Protocol):
+    """Starts and stops instances by name (the Plan's names, both shapes)."""
+
+    async def stop(self, names: Sequence[str]) -> None:
+        """Stop these instances (they are drained and idle)."""
+
+    async def start(self, names: Sequence[str], timeout_s: float) -> None:
+        """Start these instances and return once each answers its health check; ActuationError otherwise."""
+
+
+class PlannerProxyAdmin(ProxyAdmin):
+    """The fault watcher's admin client plus ``add`` and ``remove`` (docs/proxy.md, admin API)."""
+
+    async def add(self, url: str, instances: list[dict[str, Any]]) -> None:
+        await self._call("POST", url, "/admin/instances/add", {"instances": instances})
+
+    async def remove(self, url: str, names: list[str]) -> None:
+        await self._call("POST", url, "/admin/instances/remove", {"names": names})
+
+
+def idle(snapshot: dict[str, Any] | None) -> bool:
+    """True when a proxy's view of an instance holds no request (absent: nothing to wait for)."""
+    if snapshot is None:
+        return True
+    return not (snapshot.get("inflight") or snapshot.get("outstanding_prompt_tokens") or snapshot.get("active_seqs"))
+
+
+@dataclass
+class MoveResult:
+    """What a move did; times in seconds."""
+
+    group: str
+    to_role: str
+    ok: bool
+    drain_s: float = 0.0
+    restart_s: float = 0.0
+    detail: str = ""
+
+
+class GroupMover:
+    """Runs moves of a Plan's flexible groups through ``backend`` and every proxy replica of ``proxy``.
+
+    ``endpoint(name)`` gives the URL the proxy reaches an instance at.
+    """
+
+    def __init__(self, plan: Plan, backend: Backend, proxy: PlannerProxyAdmin, layout: dict[str, str],
+                 endpoint: Callable[[str], str], drain_timeout_s: float = 900.0, ready_timeout_s: float = 3600.0,
+                 poll_s: float = 0.5) -> None:
+        self.plan, self.backend, self.proxy, self.endpoint = plan, backend, proxy, endpoint
+        self.layout = dict(layout)
+        self.drain_timeout_s, self.ready_timeout_s, self.poll_s = drain_timeout_s, ready_timeout_s, poll_s
+        self.groups = {g.name: g for g in plan.flex_groups}
+        self.history: list[MoveResult] = []
+
+    def prefill_groups(self) -> int:
+        """Groups running the prefill shape now."""
+        return sum(1 for r in self.layout.values() if r == "prefill")
+
+    def plan_moves(self, prefill_groups: int) -> list[tuple[FlexGroup, str]]:
+        """The fewest group moves reaching ``prefill_groups`` prefill groups (last groups first to decode)."""
+        moves: list[tuple[FlexGroup, str]] = []
+        have = self.prefill_groups()
+        order = list(self.groups.values())
+        if prefill_groups > have:
+            for g in order:
+                if len(moves) == prefill_groups - have:
+                    break
+                if self.layout[g.name] == "decode":
+                    moves.append((g, "prefill"))
+        elif prefill_groups < have:
+            for g in reversed(order):
+                if len(moves) == have - prefill_groups:
+                    break
+                if self.layout[g.name] == "prefill":
+                    moves.append((g, "decode"))
+        return moves
+
+    async def apply(self, prefill_groups: int) -> list[MoveResult]:
+        """Move groups until ``prefill_groups`` serve prefill; the groups of one decision move at once
+        (each is surplus in the stage it leaves, and each drains on its own)."""
+        return list(await asyncio.gather(*(self.move(g, r) for g, r in self.plan_moves(prefill_groups))))
+
+    async def _all_replicas(self, call: Callable[[str], Any]) -> None:
+        urls = await self.proxy.replicas()
+        if not urls:
+            raise ActuationError("no proxy replica to drain through")
+        await asyncio.gather(*(call(u) for u in urls))
+
+    async def _wait_idle(self, names: Sequence[str]) -> bool:
+        deadline = time.monotonic() + self.drain_timeout_s
+        while True:
+            busy = []
+            for url in await self.proxy.replicas():
+                listing = await self.proxy.listing(url)
+                busy += [f"{n}@{url}" for n in names if not idle(listing.get(n))]
+            if not busy:
+                return True
+            if time.monotonic() > deadline:
+                log.warning("drain of %s timed out after %.0f s; still busy: %s", ", ".join(names),
+                            self.drain_timeout_s, ", ".join(busy))
+                return False
+            await asyncio.sleep(self.poll_s)
+
+    def _specs(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        return [{"name": n, "role": self.plan.instance(n).role, "url": self.endpoint(n)} for n in names]
+
+    async def move(self, group: FlexGroup, to_role: str) -> MoveResult:
+        """Drain, stop, start in the other shape, health-check, re-register; never drops a request."""
+        from_role = self.layout[group.name]
+        if from_role == to_role:
+            return MoveResult(group.name, to_role, True, detail="already there")
+        old, new = group.shape(from_role), group.shape(to_role)
+        log.info("moving %s from %s to %s: draining %s", group.name, from_role, to_role, ", ".join(old))
+        t0 = time.monotonic()
+        try:
+            await self._all_replicas(lambda u: asyncio.gather(*(self.proxy.drain(u, n, True) for n in old)))
+            drained = await self._wait_idle(old)
+        except (ProxyError, aiohttp.ClientError) as exc:
+            drained, why = False, f"proxy admin call failed: {exc}"
+        else:
+            why = f"in-flight requests did not finish within {self.drain_timeout_s:g} s"
+        drain_s = time.monotonic() - t0
+        if not drained:
+            await self._undrain(old)
+            result = MoveResult(group.name, to_role, False, drain_s, 0.0, f"abandoned, {why}; {group.name} keeps serving")
+            log.warning("move of %s %s", group.name, result.detail)
+            self.history.append(result)
+            return result
+        t1 = time.monotonic()
+        await self.backend.stop(old)
+        try:
+            await self.backend.start(new, self.ready_timeout_s)
+        except ActuationError as exc:
+            log.error("%s did not come up as %s (%s); restoring %s", group.name, to_role, exc, from_role)
+            await self.backend.stop(new)
+            await self.backend.start(old, self.ready_timeout_s)
+            await self._undrain(old)
+            result = MoveResult(group.name, to_role, False, drain_s, time.monotonic() - t1, f"rolled back: {exc}")
+            self.history.append(result)
+            return result
+        await self._all_replicas(lambda u: self.proxy.add(u, self._specs(new)))
+        await self._all_replicas(lambda u: self.proxy.remove(u, list(old)))
+        self.layout[group.name] = to_role
+        result = MoveResult(group.name, to_role, True, drain_s, time.monotonic() - t1,
+                            f"{', '.join(old)} -> {', '.join(new)}")
+        log.info("moved %s to %s in %.1f s (drain %.1f s, restart %.1f s)", group.name, to_role,
+                 time.monotonic() - t0, drain_s, result.restart_s)
+        self.history.append(result)
+        return result
+
+    async def _undrain(self, names: Sequence[str]) -> None:
+        try:
+            await self._all_replicas(lambda u: asyncio.gather(*(self.proxy.drain(u, n, False) for n in names)))
+        except (ProxyError, ActuationError) as exc:
+            log.error("undraining %s failed: %s (undrain by hand: POST /admin/instances/drain)", names, exc)

@@ -1,0 +1,133 @@
+"""Cluster preparation: namespace, node labels/taints, device plugin, RuntimeClass, secrets."""
+
+from __future__ import annotations
+
+from ascend_runtime.planner.plan import NodePlan, Plan
+from ascend_runtime.render.objects.common import (
+    IMAGE_PULL_SECRET,
+    IMAGE_PULL_SECRET_NAME,
+    LABEL_SERVING_ROLE,
+    MODEL_SOURCE_SECRET,
+    MODEL_SOURCE_SECRET_NAME,
+    TAINT_KEY,
+    Context,
+    K8sObject,
+    base_labels,
+    engine_env_secret,
+    metadata,
+    secret_placeholder,
+)
+from ascend_runtime.render.objects.device_plugin import RELEASE as DEVICE_PLUGIN_RELEASE
+from ascend_runtime.render.objects.device_plugin import (
+    device_plugin_node_selector,
+    device_plugin_objects,
+)
+from ascend_runtime.render.objects.lws import deploys_as_lws
+
+ACCELERATOR_TYPES = {"atlas-800i-a2": "module-910b-8", "cm384": "module-a3-16-super-pod"}
+#: Node label of the super pod an A3 node belongs to (MindCluster's topology label; the NodePatches set it
+#: from the inventory's ``super_pod_id``). Multi-node engine groups stay inside one (engine.py).
+SUPER_POD_LABEL = "huawei.com/topotree.superpodid"
+DEVICE_PLUGIN_NAMESPACE = DEVICE_PLUGIN_RELEASE.namespace
+
+
+def namespace(ctx: Context) -> K8sObject:
+    """The serving namespace."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata(ctx, ctx.namespace, "cluster", namespaced=False)}
+
+
+def node_labels(ctx: Context, node: NodePlan) -> dict[str, str]:
+    """Labels an Atlas node carries (facts section 6) plus its serving role."""
+    labels = {
+        "accelerator": "huawei-Ascend910",
+        "accelerator-type": ACCELERATOR_TYPES[ctx.plan.hardware],
+    }
+    if ctx.plan.hardware == "atlas-800i-a2":
+        labels["server-usage"] = "infer"
+    if node.super_pod_id is not None:
+        labels[SUPER_POD_LABEL] = str(node.super_pod_id)
+    if node.role:
+        labels[LABEL_SERVING_ROLE] = node.role
+    if ctx.k8s["device_plugin"]["install"]:
+        labels.update(device_plugin_node_selector())  # the pinned plugin DaemonSet schedules only there
+    return labels
+
+
+def node_patch(ctx: Context, node: NodePlan) -> K8sObject:
+    """Labels and (optionally) the serving taint of one node, applied as a server-side patch.
+
+    Taints keep other workloads off NPU nodes; engine pods tolerate them.
+    Nodes the Plan does not use get the hardware labels only.
+    """
+    obj: K8sObject = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node.name, "labels": node_labels(ctx, node)},
+    }
+    if ctx.k8s["taint_nodes"] and node.role:
+        obj["spec"] = {"taints": [{"key": TAINT_KEY, "value": node.role, "effect": "NoSchedule"}]}
+    return obj
+
+
+def runtime_class(ctx: Context) -> K8sObject | None:
+    """The RuntimeClass engine pods use, when the stack names one."""
+    name = ctx.k8s.get("runtime_class")
+    if not name:
+        return None
+    return {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": name, "labels": base_labels(ctx.plan, "cluster")},
+        "handler": ctx.k8s["runtime_class_handler"],
+        "scheduling": {"nodeSelector": {"accelerator": "huawei-Ascend910"}},
+    }
+
+
+def device_plugin(ctx: Context) -> list[K8sObject]:
+    """The Ascend device plugin (ServiceAccount, ClusterRole, ClusterRoleBinding, DaemonSet) when the cluster lacks it.
+
+    Built from the pinned MindCluster manifest, see :mod:`ascend_runtime.render.objects.device_plugin`.
+    """
+    return device_plugin_objects(ctx)
+
+
+def lws_prerequisite(plan: Plan) -> str | None:
+    """What the cluster preparation does about the LeaderWorkerSet controller (kubernetes-sigs/lws, pinned in
+    :data:`.lws.RELEASE`): None when no instance is a LeaderWorkerSet; ``"install"`` with
+    ``kubernetes.lws.install`` (the program applies the release manifest); else ``"check"`` (the program reads
+    the CRD, so a cluster without the controller fails ``pulumi preview`` before anything is created).
+    """
+    if plan.target == "local" or not any(deploys_as_lws(plan, i) for i in plan.instances):
+        return None
+    return "install" if plan.config["kubernetes"]["lws"]["install"] else "check"
+
+
+def secrets(ctx: Context) -> list[K8sObject]:
+    """Secrets whose values come only from Pulumi secret config (placeholders here)."""
+    out: list[K8sObject] = []
+    if IMAGE_PULL_SECRET in ctx.secrets:
+        out.append({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": metadata(ctx, IMAGE_PULL_SECRET_NAME, "cluster"),
+            "type": "kubernetes.io/dockerconfigjson",
+            "stringData": {".dockerconfigjson": secret_placeholder(IMAGE_PULL_SECRET)},
+        })
+    if MODEL_SOURCE_SECRET in ctx.secrets:
+        out.append({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": metadata(ctx, MODEL_SOURCE_SECRET_NAME, "cluster"),
+            "type": "Opaque",
+            "stringData": {"credentials": secret_placeholder(MODEL_SOURCE_SECRET)},
+        })
+    env_secret = engine_env_secret(ctx)  # engine.extra_env variables backed by Pulumi secrets
+    if env_secret:
+        out.append(env_secret)
+    return out
+
+
+def cluster_objects(ctx: Context) -> list[K8sObject]:
+    """Namespace, RuntimeClass, device plugin and secrets (node patches are separate)."""
+    rc = runtime_class(ctx)
+    return [namespace(ctx), *([rc] if rc else []), *device_plugin(ctx), *secrets(ctx)]

@@ -1,0 +1,179 @@
+"""The fault watcher (``ascend-deploy faults watch``, docs/faults.md) as Kubernetes objects.
+
+Registered only when the stack sets the Pulumi secret ``proxy_admin_token``:
+the watcher drains through the proxy's admin API, which needs that token.
+
+* Secret ``pd-proxy-admin-token`` (key ``token``, the value only from Pulumi's
+  secret config) - the proxy's admin token, which the proxy pods are to read
+  too (``--admin-token-env``);
+* ServiceAccount, and a ClusterRole + ClusterRoleBinding allowing exactly
+  ``get`` on the Plan's Node objects and on the MindCluster ConfigMaps of those
+  nodes, by name (``resourceNames``): ``mindx-dl-deviceinfo-<node>`` (the device
+  plugin's, in ``kube-system``) and ``mindx-dl-nodeinfo-<node>`` (NodeD's, in
+  ``mindx-dl``). The ConfigMap grant is cluster-wide *by name* rather than a
+  RoleBinding per namespace because ``mindx-dl`` exists only where NodeD is
+  installed, and a RoleBinding there would fail ``pulumi up`` everywhere else;
+  no other ConfigMap, and nothing but ``get``, is granted;
+* Role + RoleBinding in the serving namespace: ``create`` Events (the watcher's
+  Events about nodes are posted there) and ``list`` EndpointSlices (the proxy
+  Service's endpoints are the replicas every drain goes to);
+* ConfigMap with the topology (nodes, instances, spares; the image has no stack files);
+* Deployment (one replica, PSS restricted, read-only root, kept off the serving
+  nodes when it can be: a node fault must not take the watcher with it) and
+  its metrics Service;
+* NetworkPolicies: out to the API server, the proxy pods' port, the instance
+  leaders' API ports (recovery checks) and DNS; in, its metrics port from the
+  monitoring namespace; and into the engine leaders' API ports from the watcher.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ascend_runtime.faults import signals
+from ascend_runtime.faults.topology import Topology
+from ascend_runtime.planner.plan import Plan
+from ascend_runtime.render.objects.common import (
+    LABEL_COMPONENT,
+    LABEL_LEADER,
+    PROXY_NAME,
+    Context,
+    K8sObject,
+    metadata,
+    secret_placeholder,
+)
+from ascend_runtime.render.objects.controller import (
+    OFF_SERVING_NODES,
+    RBAC,
+    controller_container,
+    controller_pod_spec,
+    metrics_service,
+    role_with_binding,
+    service_account,
+    single_deployment,
+)
+from ascend_runtime.render.objects.network import API_SERVER_PORTS, DNS_RULE, to_leader
+
+COMPONENT = "faults"
+NAME = "ascend-fault-watcher"
+TOPOLOGY_CONFIGMAP = f"{NAME}-topology"
+TOPOLOGY_DIR = "/etc/ascend-deploy/faults"
+TOPOLOGY_KEY = "topology.json"
+#: Metrics and /healthz of the watcher pod.
+METRICS_PORT = 9102
+#: Pulumi secret config key of the proxy admin token (``pulumi config set --secret ascend-deepseek:proxy_admin_token``).
+PROXY_ADMIN_SECRET = "proxy_admin_token"
+PROXY_ADMIN_SECRET_NAME = "pd-proxy-admin-token"
+PROXY_ADMIN_SECRET_KEY = "token"
+#: What ``ascend-deploy faults watch`` reads the token from (the CLI's default ``--token-env``).
+PROXY_TOKEN_ENV = "ASCEND_PROXY_TOKEN"
+
+
+def proxy_token_env() -> dict[str, Any]:
+    """The container env entry with the proxy admin token, from its Secret (never inline)."""
+    return {"name": PROXY_TOKEN_ENV,
+            "valueFrom": {"secretKeyRef": {"name": PROXY_ADMIN_SECRET_NAME, "key": PROXY_ADMIN_SECRET_KEY}}}
+
+
+def cluster_role_name(ctx: Context) -> str:
+    """Cluster-scoped, so named after the serving namespace (two stacks may share a cluster)."""
+    return f"{NAME}-{ctx.namespace}"
+
+
+def cluster_rules(ctx: Context) -> list[dict[str, Any]]:
+    """``get`` on the Plan's nodes and on their MindCluster fault ConfigMaps, by name only."""
+    return rules_for_nodes([n.name for n in ctx.plan.nodes])
+
+
+def rules_for_nodes(nodes: list[str]) -> list[dict[str, Any]]:
+    """The ClusterRole's rules for these nodes."""
+    configmaps = [signals.device_info_name(n) for n in nodes] + [signals.node_info_name(n) for n in nodes]
+    return [
+        {"apiGroups": [""], "resources": ["nodes"], "resourceNames": nodes, "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": configmaps, "verbs": ["get"]},
+    ]
+
+
+def namespace_rules() -> list[dict[str, Any]]:
+    """Events about nodes (posted in the serving namespace) and the proxy Service's EndpointSlices."""
+    return [
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},
+    ]
+
+
+def watch_command(ctx: Context) -> list[str]:
+    """``ascend-deploy faults watch`` argv of the pod."""
+    return ["ascend-deploy", "faults", "watch", "--topology", f"{TOPOLOGY_DIR}/{TOPOLOGY_KEY}",
+            "--proxy-service", f"{ctx.namespace}/{PROXY_NAME}:{ctx.plan.proxy_port}",
+            "--token-env", PROXY_TOKEN_ENV, "--event-namespace", ctx.namespace,
+            "--device-plugin-namespace", signals.DEVICE_INFO_NAMESPACE,
+            "--noded-namespace", signals.NODE_INFO_NAMESPACE,
+            # the CLI binds 127.0.0.1 by default; Prometheus and the kubelet's probes use the pod IP
+            "--metrics-host", "0.0.0.0", "--metrics-port", str(METRICS_PORT)]
+
+
+def network_policies(ctx: Context) -> list[K8sObject]:
+    """Egress and ingress of the watcher, and the engine leaders' API ports open to it."""
+    me = {"matchLabels": {LABEL_COMPONENT: COMPONENT}}
+    api = {"ports": [{"protocol": "TCP", "port": p} for p in API_SERVER_PORTS]}
+    to_proxy = {"to": [{"podSelector": {"matchLabels": {LABEL_COMPONENT: "proxy"}}}],
+                "ports": [{"protocol": "TCP", "port": ctx.plan.proxy_port}]}
+
+    def policy(name: str, selector: dict[str, Any], types: list[str], **rules: Any) -> K8sObject:
+        spec: dict[str, Any] = {"podSelector": selector, "policyTypes": types}
+        spec.update(rules)
+        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": metadata(ctx, name, COMPONENT), "spec": spec}
+
+    ingress: list[dict[str, Any]] = []
+    if ctx.k8s["prometheus_operator"]:
+        ingress.append({"from": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": ctx.k8s["monitoring_namespace"]}}}],
+            "ports": [{"protocol": "TCP", "port": METRICS_PORT}]})
+    leaders = {"matchExpressions": [{"key": LABEL_COMPONENT, "operator": "In", "values": ["engine"]},
+                                    {"key": LABEL_LEADER, "operator": "In", "values": ["true"]}]}
+    ports = [{"protocol": "TCP", "port": p} for p in sorted({i.api_port for i in ctx.plan.instances})]
+    return [
+        policy(f"{NAME}-egress", me, ["Egress"],
+               egress=[api, to_proxy, *(to_leader(ctx, i) for i in ctx.plan.instances), DNS_RULE]),
+        policy(f"{NAME}-ingress", me, ["Ingress"], ingress=ingress),
+        policy(f"{NAME}-to-engines", leaders, ["Ingress"], ingress=[{"from": [{"podSelector": me}], "ports": ports}]),
+    ]
+
+
+def fault_watcher_objects(plan: Plan, proxy_token: bool, secrets: frozenset[str] = frozenset()) -> list[K8sObject]:
+    """The watcher's objects; none without the proxy admin token, or on the ``local`` target."""
+    if not proxy_token or plan.target not in ("kubernetes", "kind"):
+        return []
+    ctx = Context(plan, secrets)
+    selector = {LABEL_COMPONENT: COMPONENT, "app.kubernetes.io/name": NAME}
+    meta = lambda name: metadata(ctx, name, COMPONENT, selector)
+    cluster_meta = metadata(ctx, cluster_role_name(ctx), COMPONENT, selector, namespaced=False)
+    container = controller_container(
+        ctx, "watcher", watch_command(ctx), METRICS_PORT,
+        env=[proxy_token_env(), {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        mounts=[{"name": "topology", "mountPath": TOPOLOGY_DIR, "readOnly": True}],
+        readiness_period_s=5, liveness=(10, 6))
+    # reads nodes and MindCluster ConfigMaps, posts Events (cluster_rules); not on a serving node when
+    # another node can take it: the fault it should report could take it down
+    pod_spec = controller_pod_spec(ctx, NAME, container,
+                                   volumes=[{"name": "topology", "configMap": {"name": TOPOLOGY_CONFIGMAP}}],
+                                   affinity=OFF_SERVING_NODES)
+    subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": ctx.namespace}]
+    topology = Topology.from_plan(plan).to_dict()
+    return [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": metadata(ctx, PROXY_ADMIN_SECRET_NAME, COMPONENT),
+         "type": "Opaque", "stringData": {PROXY_ADMIN_SECRET_KEY: secret_placeholder(PROXY_ADMIN_SECRET)}},
+        service_account(ctx, NAME, COMPONENT, selector),
+        {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRole", "metadata": cluster_meta, "rules": cluster_rules(ctx)},
+        {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRoleBinding", "metadata": cluster_meta,
+         "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": cluster_role_name(ctx)}, "subjects": subject},
+        *role_with_binding(ctx, NAME, COMPONENT, selector, namespace_rules()),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(TOPOLOGY_CONFIGMAP),
+         "data": {TOPOLOGY_KEY: json.dumps(topology, indent=2, sort_keys=True) + "\n"}},
+        *network_policies(ctx),
+        single_deployment(ctx, NAME, COMPONENT, selector, pod_spec),
+        metrics_service(ctx, NAME, COMPONENT, selector, METRICS_PORT),
+    ]

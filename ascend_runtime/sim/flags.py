@@ -1,0 +1,32 @@
+"""The simulator's command-line form: which :class:`SimConfig` fields are flags, and the argv for a config.
+
+The CLI (``ascend-deploy sim``) parses these flags; the Kubernetes objects and
+the local stack build the argv from a config, so the mapping lives here, with
+the config it describes.
+"""
+
+from __future__ import annotations
+
+from ascend_runtime.sim.config import SimConfig
+
+FLAG_FIELDS = (
+    "role", "instance", "host", "port", "kv_port", "kv_host", "hardware", "npus", "dp", "tp", "ep", "nodes",
+    "max_num_seqs", "max_num_batched_tokens", "redundant_experts", "mtp", "speedup", "startup_delay", "link_gbps",
+    "kv_timeout_s", "kv_wire_scale", "seed", "model", "expert_map",
+)
+
+
+def argv_from_config(cfg: SimConfig) -> list[str]:
+    """`ascend-deploy sim` arguments that reproduce ``cfg`` (the inverse of the CLI's ``config_from_args``).
+
+    The admin token is never an argument: callers add ``--admin-token-env VAR`` and set ``VAR``.
+    """
+    argv: list[str] = []
+    for name in FLAG_FIELDS:
+        value = getattr(cfg, name)
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            argv += [flag] if value else []
+        elif value is not None:
+            argv += [flag, repr(value) if isinstance(value, float) else str(value)]
+    return argv

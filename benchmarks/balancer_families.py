@@ -1,0 +1,227 @@
+"""Benchmark: our expert placement against vLLM-Ascend's and DeepSeek's policies, per load family.
+
+Run: ``python -m benchmarks.balancer_families --seeds 1 2 3`` (a few minutes on 2 cores;
+``--jobs`` worker processes, default 2). Writes the ``balancer_families`` section of
+docs/benchmarks.md (``--no-write`` prints only).
+
+Every case: a trace of one family (``trace.family_trace``; 58 layers x 256 experts),
+``HISTORY`` observed windows, scored on the next, unseen window (vLLM's balancedness).
+Shapes (ranks x slots) 32x8, 32x9, 64x5, 144x2; global and hierarchical (8 groups; nodes of 8
+ranks, 144 ranks: 8 nodes of 18). Every policy sees only the observed windows:
+
+- ``greedy``: DeepSeek's EPLB greedy on the last window (what the CLI's ``--load`` gives it);
+- ``greedy_decay``: EPLB greedy on the decayed history (newest window weight ``DECAY``);
+- ``swift``: SwiftBalancer (vLLM-Ascend policy 2) from the engine's initial map, on the
+  summed history (with ``ranks_per_node`` in hierarchical cases);
+- ``flashlb``: FlashLB (policy 3, v0.23.0 tree search) on the history. It has no
+  hierarchical mode: its plans ignore the group -> node constraint, so hierarchical cases are
+  compared with the other three only (FlashLB's global number is still listed);
+- ``ours``: the daemon's planner (history candidates chosen on held-out windows: decayed
+  averages, shrinkage toward the mean, similar windows, the greedy baselines; then the robust
+  swap search over the chosen forecast's windows); ``ours_before`` the same planner with the
+  candidate set the balancer had before the baselines joined it;
+- ``oracle``: the better of our planner and EPLB greedy given the scored window itself,
+  the reachable ceiling for any plan of this shape.
+
+"best" is the best baseline *of that case* (chosen after seeing the scored window, so a
+strict reference); "gap captured" is ``(ours - best) / (oracle - best)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from ascend_runtime.balancer.baselines import flashlb, swift_balancer
+from ascend_runtime.balancer.eplb_greedy import eplb_greedy
+from ascend_runtime.balancer.forecast import LoadForecaster
+from ascend_runtime.balancer.measure import balancedness
+from ascend_runtime.balancer.placement import PlacementConfig, place_from_scratch
+from ascend_runtime.balancer.trace import FAMILIES, family_trace
+
+SHAPES = [(32, 8), (32, 9), (64, 5), (144, 2)]
+GROUPS = 8
+HISTORY = 8
+DECAY = 0.5
+BASELINES = ("greedy", "greedy_decay", "swift", "flashlb")
+#: printed with the table: what changed and where it was developed (seeds 1-3 are the recorded run)
+NOTE = (
+    "The planner's history candidates include the shrinkage and similar-windows forecast rules, and the chosen "
+    "plan gets the robust swap search over the windows its forecast weights (docs/balancer.md); these were "
+    "developed on seeds 4-5 (dev set: mean 1.0010x -> 1.0019x, cases < 0.99x 3 -> 3 of 80). Before them, "
+    "seeds 1-3 gave mean 1.0002x, 8 of 120 cases below 0.99x (worst 0.8201x), ours/oracle 0.9356."
+)
+#: the planner's candidate set before the baselines joined it (for "gap captured: before")
+BEFORE = PlacementConfig(select_on_history=False)
+
+
+def nodes_for(ranks: int) -> int:
+    """Nodes of 8 ranks when the 8 groups divide evenly, else 8 nodes (144 ranks: 18 per node)."""
+    n = ranks // 8
+    return n if GROUPS % n == 0 else 8
+
+
+def decayed(hist: np.ndarray, decay: float = DECAY) -> np.ndarray:
+    """Exponentially decayed average ``[L, E]`` of ``hist [W, L, E]`` (newest window weight ``decay``)."""
+    acc = hist[0].copy()
+    for w in hist[1:]:
+        acc = (1 - decay) * acc + decay * w
+    return acc
+
+
+def run_case(case: tuple[str, int, int, bool, int]) -> dict:
+    family, ranks, slots, hier, seed = case
+    trace = family_trace(family, HISTORY + 1, seed=seed * 1000 + FAMILIES.index(family))
+    hist, nxt = trace[:HISTORY], trace[HISTORY]
+    g, n = (GROUPS, nodes_for(ranks)) if hier else (None, None)
+    fc = LoadForecaster()
+    for w in hist:
+        fc.update(w)
+    f = fc.forecast()
+    plans = {
+        "greedy": eplb_greedy(hist[-1], ranks, slots, g, n),
+        "greedy_decay": eplb_greedy(decayed(hist), ranks, slots, g, n),
+        "swift": swift_balancer.place(hist, ranks, slots, ranks_per_node=ranks // n if hier else None),
+        "flashlb": flashlb.place(hist, ranks, slots),
+    }
+    t0 = time.perf_counter()
+    plans["ours"] = place_from_scratch(f.mean, ranks, slots, g, n, f.std, holdout=f.holdout, last=f.last, history=hist)
+    t_ours = time.perf_counter() - t0
+    plans["ours_before"] = place_from_scratch(f.mean, ranks, slots, g, n, f.std, BEFORE, holdout=f.holdout, last=f.last)
+    b = {k: balancedness(p, nxt, ranks) for k, p in plans.items()}
+    b["oracle"] = max(balancedness(place_from_scratch(nxt, ranks, slots, g, n), nxt, ranks),
+                      balancedness(eplb_greedy(nxt, ranks, slots, g, n), nxt, ranks), b["ours"])
+    return dict(family=family, shape=f"{ranks}x{slots}", mode="hier" if hier else "global", seed=seed, t_ours=t_ours, **b)
+
+
+def baselines_of(mode: str) -> tuple[str, ...]:
+    """The baselines a case is compared with: FlashLB has no hierarchical mode (its plans ignore the
+    group -> node constraint), so hierarchical cases compare with the hierarchy-respecting ones."""
+    return BASELINES if mode == "global" else ("greedy", "greedy_decay", "swift")
+
+
+def derived(r: dict) -> dict:
+    best_name = max(baselines_of(r["mode"]), key=lambda k: r[k])
+    best = r[best_name]
+    gap = r["oracle"] - best
+    return dict(best=best, best_name=best_name, ratio=r["ours"] / best, ratio_before=r["ours_before"] / best,
+                oracle_ratio=r["ours"] / r["oracle"],
+                captured=(r["ours"] - best) / gap if gap > 1e-9 else float("nan"),
+                captured_before=(r["ours_before"] - best) / gap if gap > 1e-9 else float("nan"))
+
+
+def timing(seed: int) -> dict:
+    """144x2 planning time, median of 5, ours against EPLB greedy on the same history (both modes),
+    measured alternately so both see the same machine load; ``"load"``: 1-minute load average."""
+    out = {"load": os.getloadavg()[0]}
+    for hier in (False, True):
+        trace = family_trace("random_walk", HISTORY, seed=seed)
+        fc = LoadForecaster()
+        for w in trace:
+            fc.update(w)
+        f = fc.forecast()
+        g, n = (GROUPS, nodes_for(144)) if hier else (None, None)
+        fns = {
+            "ours": lambda: place_from_scratch(f.mean, 144, 2, g, n, f.std, holdout=f.holdout, last=f.last, history=trace),
+            "greedy": lambda: eplb_greedy(trace[-1], 144, 2, g, n),
+        }
+        times: dict[str, list[float]] = {k: [] for k in fns}
+        for _ in range(5):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+        for name, ts in times.items():
+            out[(name, "hier" if hier else "global")] = statistics.median(ts)
+    return out
+
+
+def _mean(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return statistics.mean(xs) if xs else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes")
+    ap.add_argument("--no-write", action="store_true", help="print only; do not touch docs/benchmarks.md")
+    args = ap.parse_args(argv)
+    cases = [(fam, r, s, hier, seed) for seed in args.seeds for fam in args.families for r, s in SHAPES for hier in (False, True)]
+    start = time.perf_counter()
+    rows = []
+    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+        for i, r in enumerate(pool.imap_unordered(run_case, cases), 1):
+            r.update(derived(r))
+            rows.append(r)
+            print(f"[{i}/{len(cases)}] {r['family']:>14} {r['shape']:>6} {r['mode']:>6} seed {r['seed']}: ours {r['ours']:.4f} "
+                  f"best {r['best_name']} {r['best']:.4f} ratio {r['ratio']:.4f} (before {r['ratio_before']:.4f}) "
+                  f"oracle {r['oracle']:.4f}", file=sys.stderr, flush=True)
+    t = timing(args.seeds[0])
+    elapsed = time.perf_counter() - start
+    ratios = [r["ratio"] for r in rows]
+    lines = [
+        "## Expert placement against the strongest baseline, per load family",
+        "",
+        f"Command: `python -m benchmarks.balancer_families --seeds {' '.join(map(str, args.seeds))}` "
+        f"({elapsed:.0f} s, {args.jobs} processes). {machine_line()}.",
+        "",
+        f"58 layers x 256 experts; {HISTORY} observed windows, scored on the next one (vLLM balancedness). Shapes "
+        "32x8, 32x9, 64x5, 144x2, global and hierarchical; seeds as in the command. `best` = the best of "
+        "{greedy on the last window, greedy on the decayed history, SwiftBalancer, FlashLB} *in each case*, picked "
+        "after seeing the scored window. `oracle` = a plan made on the scored window itself. `gap captured` = "
+        "(ours - best) / (oracle - best); `before` = the planner without the baseline candidates.",
+        "",
+        "Goals: ours / best mean >= 1.02x, no case below 0.99x, gap captured rising; 144x2 planning <= 0.1 s.",
+        "",
+        NOTE,
+        "",
+        "| family | cases | ours/best mean | min | cases < 0.99x | before: mean | min | ours/oracle | gap captured | before | best baseline (cases) | mean balancedness: greedy, decay, swift, flashlb, ours, oracle |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for fam in [*args.families, "all"]:
+        rs = rows if fam == "all" else [r for r in rows if r["family"] == fam]
+        wins = {k: sum(r["best_name"] == k for r in rs) for k in BASELINES}
+        lines.append(
+            f"| {'**all**' if fam == 'all' else fam} | {len(rs)} | **{_mean([r['ratio'] for r in rs]):.4f}** | "
+            f"{min(r['ratio'] for r in rs):.4f} | {sum(r['ratio'] < 0.99 for r in rs)} | "
+            f"{_mean([r['ratio_before'] for r in rs]):.4f} | {min(r['ratio_before'] for r in rs):.4f} | "
+            f"{_mean([r['oracle_ratio'] for r in rs]):.4f} | {_mean([r['captured'] for r in rs]):.1%} | "
+            f"{_mean([r['captured_before'] for r in rs]):.1%} | "
+            + ", ".join(f"{k} {v}" for k, v in wins.items() if v) + " | "
+            + ", ".join(f"{_mean([r[k] for r in rs]):.4f}" for k in (*BASELINES, "ours", "oracle")) + " |"
+        )
+    lines += ["", "Per shape and mode (all families and seeds):", "",
+              "| shape | mode | ours/best mean | min | gap captured | ours/oracle |", "|---|---|---|---|---|---|"]
+    for ranks, slots in SHAPES:
+        for mode in ("global", "hier"):
+            rs = [r for r in rows if r["shape"] == f"{ranks}x{slots}" and r["mode"] == mode]
+            lines.append(f"| {ranks}x{slots} | {mode} | {_mean([r['ratio'] for r in rs]):.4f} | {min(r['ratio'] for r in rs):.4f} | "
+                         f"{_mean([r['captured'] for r in rs]):.1%} | {_mean([r['oracle_ratio'] for r in rs]):.4f} |")
+    lines += [
+        "",
+        f"- all cases: ours / best baseline mean **{statistics.mean(ratios):.4f}x**, min {min(ratios):.4f}x, "
+        f"{sum(x < 0.99 for x in ratios)} of {len(ratios)} below 0.99x",
+        "- 144x2 planning time (median of 5, after the cases, while the machine's 1-minute load average was "
+        f"{t['load']:.1f} on 2 cores): " + ", ".join(f"{k[0]} {k[1]} {v * 1e3:.0f} ms" for k, v in t.items() if k != "load")
+        + f"; ours / greedy {t[('ours', 'global')] / t[('greedy', 'global')]:.1f}x (global), "
+        f"{t[('ours', 'hier')] / t[('greedy', 'hier')]:.1f}x (hier) (goal: ours <= 100 ms)",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        write_section("balancer_families", text)
+    return 0
+
+
+from benchmarks.report import machine_line, write_section  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
