@@ -100,6 +100,47 @@ def serve_stub(ports: list[int]) -> None:
     eventloop.run(serve())
 
 
+def serve_floor(port: int, upstream_port: int) -> None:
+    """The floor of a relay in Python on uvloop: each client connection gets its own upstream connection
+    and bytes are forwarded both ways as they arrive (one ``data_received`` -> ``write`` per read), no
+    HTTP handling, no PD flow. Not a proxy; it shows what the interpreter and the loop cost per event."""
+    import uvloop
+
+    class Upstream(asyncio.Protocol):
+        def __init__(self, client: asyncio.Transport):
+            self.client = client
+
+        def data_received(self, data: bytes) -> None:
+            self.client.write(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.client.close()
+
+    class Client(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport, self.up, self.early = transport, None, []
+            asyncio.ensure_future(self.open())
+
+        async def open(self) -> None:
+            loop = asyncio.get_running_loop()
+            self.up, _ = await loop.create_connection(lambda: Upstream(self.transport), "127.0.0.1", upstream_port)
+            for data in self.early:
+                self.up.write(data)
+
+        def data_received(self, data: bytes) -> None:
+            (self.early.append if self.up is None else self.up.write)(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.up is not None:
+                self.up.close()
+
+    async def main() -> None:
+        await asyncio.get_running_loop().create_server(Client, "127.0.0.1", port, backlog=4096)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
 # ------------------------------------------------------------------ load generator
 async def one_stream(session: aiohttp.ClientSession, url: str, tokens: int, gap: float, stop_at: float,
                      lat_ns: list[int], ttft: list[float], counts: list[int]) -> None:
@@ -327,6 +368,10 @@ async def relay_vs_nginx(args: argparse.Namespace) -> dict:
     proxy_url, nginx_url = f"http://127.0.0.1:{proxy_port}", f"http://127.0.0.1:{nginx_port}"
     workdir = Path(tempfile.mkdtemp(prefix="bench-nginx-"))
     nginx, nginx_worker = start_nginx(workdir, nginx_port, stub_port)
+    floor_port = free_port()
+    floor = subprocess.Popen([sys.executable, "-m", "benchmarks.proxy_overhead", "--serve-floor", str(floor_port),
+                              str(stub_port)], cwd=ROOT)
+    floor_url = f"http://127.0.0.1:{floor_port}"
     c, gap = args.relay_streams, args.relay_streams / args.relay_rate
     tokens = args.relay_tokens
     pairs = []
@@ -336,12 +381,15 @@ async def relay_vs_nginx(args: argparse.Namespace) -> dict:
         await run_load(proxy_url, 16, 16, 0.0, 1.0)  # warm-up
         await run_load(nginx_url, 16, 16, 0.0, 1.0)
         pids = proc_tree(proxy.pid)
+        await run_load(floor_url, 16, 16, 0.0, 1.0)
         for i in range(args.repeats):
-            order = ("nginx", "proxy") if i % 2 == 0 else ("proxy", "nginx")
+            order = ("nginx", "proxy", "floor") if i % 2 == 0 else ("proxy", "nginx", "floor")
             got = {}
             for which in order:
                 if which == "nginx":
                     got["nginx"] = await run_load(nginx_url, c, tokens, gap, args.duration_s, cpu_pid=nginx_worker)
+                elif which == "floor":
+                    got["floor"] = await run_load(floor_url, c, tokens, gap, args.duration_s, cpu_pid=floor.pid)
                 else:
                     ch0 = await proxy_counter(proxy_url, "ascend_proxy_relayed_chunks_total")
                     ev0 = await proxy_counter(proxy_url, "ascend_proxy_relayed_events_total")
@@ -354,8 +402,7 @@ async def relay_vs_nginx(args: argparse.Namespace) -> dict:
                   f"{got['proxy']['tok_per_cpu_s']:.0f} tok/CPU-s, ratio {got['ratio']:.2f}", file=sys.stderr)
             pairs.append(got)
     finally:
-        nginx.terminate()
-        for p in (proxy, stub, nginx):
+        for p in (proxy, stub, nginx, floor):
             p.terminate()
             p.wait(timeout=10)
     return {"streams": c, "gap": gap, "tokens": tokens, "pairs": pairs}
@@ -422,24 +469,30 @@ def render_relay(args: argparse.Namespace, rel: dict | None, scaling: list[dict]
            f"load average before the run: {args.loadavg}.", ""]
     if rel is not None:
         ratios = [p["ratio"] for p in rel["pairs"]]
-        med = {w: median_dict([p[w] for p in rel["pairs"]]) for w in ("nginx", "proxy")}
+        med = {w: median_dict([p[w] for p in rel["pairs"]]) for w in ("nginx", "proxy", "floor")}
         out += [
             f"Relay cost at one token per SSE event: {rel['streams']} streams, token gap {rel['gap'] * 1e3:.1f} ms "
             f"({args.relay_rate:g} tokens/s offered), {rel['tokens']} tokens/request, {args.duration_s:g} s per run; "
             "nginx 1.22 (one worker, `proxy_buffering off`, upstream keep-alive) relays the stub decode directly, "
             "the proxy (one worker) runs the full PD flow (prefill request, then the decode stream relayed). "
             "CPU = utime + stime from /proc/<pid>/stat of the nginx worker and of the proxy process. "
-            f"Runs alternate nginx / proxy, {args.repeats} pairs; medians.", "",
+            f"Runs alternate nginx / proxy (then the floor), {args.repeats} rounds; medians.", "",
             "| relay | tokens/s | CPU s | tokens per CPU-second | token latency p50 / p99 (ms) | errors |",
             "|---|---|---|---|---|---|",
         ]
-        for w in ("nginx", "proxy"):
+        names = {"nginx": "nginx 1.22", "proxy": "proxy (PD flow)",
+                 "floor": "floor: bare byte relay in Python on uvloop (not a proxy)"}
+        for w in ("nginx", "proxy", "floor"):
             m = med[w]
-            out.append(f"| {w} | {m['tok_s']:.0f} | {m['proxy_cpu_s']:.2f} | {m['tok_per_cpu_s']:.0f} "
+            out.append(f"| {names[w]} | {m['tok_s']:.0f} | {m['proxy_cpu_s']:.2f} | {m['tok_per_cpu_s']:.0f} "
                        f"| {m['lat_p50']:.2f} / {m['lat_p99']:.2f} | {m['errors']:.0f} |")
         out += ["", f"Proxy / nginx tokens per CPU-second: median **{statistics.median(ratios):.2f}x** "
                     f"(per pair: {', '.join(f'{r:.2f}' for r in ratios)}); goal >= 0.9x. "
-                    f"SSE events per proxy write: {med['proxy']['events_per_write']:.2f}.", ""]
+                    f"SSE events per proxy write: {med['proxy']['events_per_write']:.2f}. "
+                    f"Floor / nginx: {med['floor']['tok_per_cpu_s'] / med['nginx']['tok_per_cpu_s']:.2f}x: "
+                    "a Python relay that only forwards bytes (one `data_received` -> `write` per read, no "
+                    "HTTP, no PD flow) on uvloop; the proxy's distance to it is its own per-event and "
+                    "per-request work.", ""]
     if scaling is not None:
         one = scaling[0]
         out += [
@@ -502,6 +555,7 @@ def render(args: argparse.Namespace, rows: list, sat: dict, sat_chunks: float) -
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--serve-stub", help=argparse.SUPPRESS)
+    ap.add_argument("--serve-floor", nargs=2, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("--tokens", type=int, default=0, help="tokens per request (0: about half a run)")
     ap.add_argument("--rate", type=float, default=4000.0, help="aggregate offered tokens/s")
@@ -520,6 +574,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.serve_stub:
         serve_stub([int(p) for p in args.serve_stub.split(",")])
+        return
+    if args.serve_floor:
+        serve_floor(*args.serve_floor)
         return
     args.loadavg = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     from benchmarks.report import write_section

@@ -4,11 +4,15 @@ One move (:func:`move_group`), whatever runs the instances (a :class:`Backend`: 
 ``actuate_local``; Kubernetes replica counts, ``actuate_k8s``):
 
 1. drain the group's running instances in every proxy replica (``POST /admin/instances/drain``):
-   no new requests go to them;
+   no new requests go to them. A decode group is drained with ``migrate: true``: the proxies move
+   its in-flight streams to the other decode instances (each continues through a fresh prefill of
+   its prompt and the text so far, proxy/migrate.py), so the drain lasts a re-prefill, not the
+   longest remaining output. A prefill group just drains (its requests last one prefill);
 2. wait until every replica reports them idle: no request in flight, no prompt tokens held for a
-   decode that has not started (a prefill keeps its KV blocks until then), no active stream; bounded
-   by ``drain_timeout_s``. Past it the move is abandoned: the instances are undrained and keep
-   serving, nothing was stopped, so no request is dropped;
+   decode that has not started (a prefill keeps its KV blocks until then), no active stream (one
+   that could not be moved finishes in place); bounded by ``drain_timeout_s``. Past it the move is
+   abandoned: the instances are undrained and keep serving, nothing was stopped, so no request is
+   dropped;
 3. stop them, start the other shape's instances and wait until they pass their health checks
    (bounded by ``ready_timeout_s``; if they do not, they are stopped, the old shape is started
    again and undrained once healthy);
@@ -61,6 +65,11 @@ class PlannerProxyAdmin(ProxyAdmin):
     async def remove(self, url: str, names: list[str]) -> None:
         await self._call("POST", url, "/admin/instances/remove", {"names": names})
 
+    async def evacuate(self, url: str, name: str) -> int:
+        """Drain ``name`` and move its in-flight streams elsewhere; returns how many that replica moved."""
+        answer = await self._call("POST", url, "/admin/instances/drain", {"name": name, "drain": True, "migrate": True})
+        return int(answer.get("migrating") or 0) if isinstance(answer, dict) else 0
+
 
 def idle(snapshot: dict[str, Any] | None) -> bool:
     """True when a proxy's view of an instance holds no request (absent: nothing to wait for)."""
@@ -79,18 +88,22 @@ class MoveResult:
     drain_s: float = 0.0
     restart_s: float = 0.0
     detail: str = ""
+    #: streams the proxies moved off the drained instances (decode groups)
+    migrated: int = 0
 
 
 class GroupMover:
     """Runs moves of a Plan's flexible groups through ``backend`` and every proxy replica of ``proxy``.
 
-    ``endpoint(name)`` gives the URL the proxy reaches an instance at.
+    ``endpoint(name)`` gives the URL the proxy reaches an instance at. ``migrate``: decode groups
+    are drained with stream migration (False: every drain waits for its streams to finish).
     """
 
     def __init__(self, plan: Plan, backend: Backend, proxy: PlannerProxyAdmin, layout: dict[str, str],
                  endpoint: Callable[[str], str], drain_timeout_s: float = 900.0, ready_timeout_s: float = 3600.0,
-                 poll_s: float = 0.5) -> None:
+                 poll_s: float = 0.5, migrate: bool = True) -> None:
         self.plan, self.backend, self.proxy, self.endpoint = plan, backend, proxy, endpoint
+        self.migrate = migrate
         self.layout = dict(layout)
         self.drain_timeout_s, self.ready_timeout_s, self.poll_s = drain_timeout_s, ready_timeout_s, poll_s
         self.groups = {g.name: g for g in plan.flex_groups}
@@ -154,10 +167,21 @@ class GroupMover:
         if from_role == to_role:
             return MoveResult(group.name, to_role, True, detail="already there")
         old, new = group.shape(from_role), group.shape(to_role)
-        log.info("moving %s from %s to %s: draining %s", group.name, from_role, to_role, ", ".join(old))
+        migrate = self.migrate and from_role == "decode"
+        log.info("moving %s from %s to %s: draining %s%s", group.name, from_role, to_role, ", ".join(old),
+                 " and migrating their streams" if migrate else "")
         t0 = time.monotonic()
+        moved: list[int] = []
         try:
-            await self._all_replicas(lambda u: asyncio.gather(*(self.proxy.drain(u, n, True) for n in old)))
+            if migrate:
+
+                async def evacuate(u: str) -> None:
+                    moved.extend(await asyncio.gather(*(self.proxy.evacuate(u, n) for n in old)))
+
+                await self._all_replicas(evacuate)
+                log.info("%s: %d stream(s) migrated off %s", group.name, sum(moved), ", ".join(old))
+            else:
+                await self._all_replicas(lambda u: asyncio.gather(*(self.proxy.drain(u, n, True) for n in old)))
             drained = await self._wait_idle(old)
         except (ProxyError, aiohttp.ClientError) as exc:
             drained, why = False, f"proxy admin call failed: {exc}"
@@ -168,6 +192,7 @@ class GroupMover:
             await self._undrain(old)
             result = MoveResult(group.name, to_role, False, drain_s, 0.0, f"abandoned, {why}; {group.name} keeps serving")
             log.warning("move of %s %s", group.name, result.detail)
+            result.migrated = sum(moved)
             self.history.append(result)
             return result
         t1 = time.monotonic()
@@ -180,6 +205,7 @@ class GroupMover:
             await self.backend.start(old, self.ready_timeout_s)
             await self._undrain(old)
             result = MoveResult(group.name, to_role, False, drain_s, time.monotonic() - t1, f"rolled back: {exc}")
+            result.migrated = sum(moved)
             self.history.append(result)
             return result
         await self._all_replicas(lambda u: self.proxy.add(u, self._specs(new)))
@@ -189,6 +215,7 @@ class GroupMover:
                             f"{', '.join(old)} -> {', '.join(new)}")
         log.info("moved %s to %s in %.1f s (drain %.1f s, restart %.1f s)", group.name, to_role,
                  time.monotonic() - t0, drain_s, result.restart_s)
+        result.migrated = sum(moved)
         self.history.append(result)
         return result
 

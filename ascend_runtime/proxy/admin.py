@@ -2,8 +2,14 @@
 
 POST /admin/instances/add     {"name"?, "role", "url", "weight"?} or {"instances": [...]}
 POST /admin/instances/remove  {"name": N} or {"names": [...]}
-POST /admin/instances/drain   {"name": N, "drain": true|false}
+POST /admin/instances/drain   {"name": N, "drain": true|false, "migrate"?: false|true}
 GET  /admin/instances         -> {"instances": [...], "summary": {...}}
+
+``migrate: true`` (with ``drain: true``) also moves the instance's in-flight
+decode streams to other decode instances (forward.py, migrate.py), and every
+stream that starts relaying from it later, until it is undrained; the answer
+carries ``migrating``: the streams this worker stopped (they continue
+elsewhere; the others finish in place). Without it a drain only waits.
 
 Without ``Authorization: Bearer <token>`` the answer is 401; if the proxy was
 started without an admin token every admin call is refused with 403.
@@ -122,10 +128,17 @@ class AdminApi:
     async def drain(self, request: web.Request) -> web.Response:
         data = await _json(request)
         name = data.get("name")
-        if not name or not self.pool.drain(name, bool(data.get("drain", True))):
+        drain, migrate = data.get("drain", True), data.get("migrate", False)
+        if not isinstance(drain, bool) or not isinstance(migrate, bool):
+            return _err(400, f"drain and migrate must be true or false, got drain={drain!r}, migrate={migrate!r}")
+        if migrate and not drain:
+            return _err(400, "migrate needs drain: true (an undrained instance keeps its streams)")
+        if not name or not self.pool.drain(name, drain, migrate):
             return _err(404, f"unknown instance: {name!r}")
-        return await self._everywhere(request, {"drained" if data.get("drain", True) else "undrained": name,
-                                                **self._listing()})
+        answer: dict[str, Any] = {"drained" if drain else "undrained": name}
+        if migrate:
+            answer["migrating"] = self.pool.migrate_streams(name)
+        return await self._everywhere(request, {**answer, **self._listing()})
 
     async def list(self, request: web.Request) -> web.Response:
         from ascend_runtime.proxy.workers import is_local

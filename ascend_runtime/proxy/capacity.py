@@ -3,14 +3,16 @@
 ``RELAY_TOKENS_PER_CPU_S`` is what one proxy worker process relays per
 CPU-second when every SSE event carries one token (the decode engine's
 streaming granularity), doing the full PD flow (a prefill request, then the
-decode stream relayed). It was measured with::
+decode stream relayed by ``ascend_runtime/proxy/relay.py``), at 256 tokens
+per request. Measured with::
 
-    python -m benchmarks.proxy_overhead --nginx --workers-scaling
+    python -m benchmarks.proxy_overhead --no-overhead --nginx --workers-scaling --repeats 5 --write
 
 (docs/benchmarks.md, section "PD proxy relay cost vs nginx and worker
-scaling"; the median "tok per proxy CPU-s" of the paced one-token-per-event
-runs). Provisional until that benchmark has been run on the relay in
-``ascend_runtime/proxy/relay.py``.
+scaling": median 34,312 tokens per proxy CPU-second over 5 runs of 256
+streams, 8,000 tokens/s offered, on the 2-core development machine; rounded
+down). Shorter answers cost more per token (each request adds the prefill
+round trip and the HTTP handling, about 0.4 ms of CPU), longer ones less.
 
 Sizing keeps each worker at ``TARGET_UTILISATION`` of a core so that bursts,
 health checks, metrics scrapes and prefill requests fit beside the relay.
@@ -21,7 +23,7 @@ from __future__ import annotations
 import math
 
 #: tokens per CPU-second of one proxy worker at one token per SSE event (see module docstring)
-RELAY_TOKENS_PER_CPU_S: float = 16_000.0
+RELAY_TOKENS_PER_CPU_S: float = 34_000.0
 #: share of a core a worker is planned to use (0..1]
 TARGET_UTILISATION: float = 0.6
 

@@ -15,7 +15,12 @@ decode answers over aiohttp's client. Failure policy:
 - the client disconnects: the handler is cancelled, which closes the upstream
   connections (the engine aborts the request);
 - a 4xx answer from an instance is relayed to the client unchanged (during a
-  recomputed continuation, whose stream has started, as its final SSE event).
+  recomputed continuation, whose stream has started, as its final SSE event);
+- the decode instance is evacuated (drain with ``migrate``, admin.py): the
+  stream stops at an event boundary, its upstream connection is closed and the
+  answer continues on another decode instance through a fresh prefill
+  (migrate.py); a continuation that fails before its first byte is tried on
+  another decode, like a first attempt.
 
 The proxy's own errors are in vLLM 0.23.0's ``{"error": {...}}`` shape
 (errors.py): invalid JSON 400 "Bad Request", no instance 503 "Service
@@ -49,11 +54,18 @@ from ascend_runtime.proxy.errors import (
     sse_error_event,
 )
 from ascend_runtime.proxy.metrics import ITL_BUCKETS, ProxyMetrics
+from ascend_runtime.proxy.migrate import (
+    MigrationTracker,
+    StreamHandle,
+    account,
+    continuation_request,
+    drop_role_events,
+    relayed_events,
+)
 from ascend_runtime.proxy.pd import (
     CLIENT_REQUEST_ID_HEADER,
     RECOMPUTED,
     REQUEST_ID_HEADER,
-    RecomputeTracker,
     build_decode_request,
     build_prefill_request,
     estimate_prompt_tokens,
@@ -117,11 +129,9 @@ class Forwarder:
         self.pool = pool
         self.metrics = metrics
         self.session = session
-        self.prefill_timeout = aiohttp.ClientTimeout(
-            total=config.prefill_timeout_s, sock_connect=config.connect_timeout_s)
         self.decode_timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout_s, sock_read=config.stream_idle_timeout_s)
-        #: keep-alive connections of the streamed decode leg (relay.py); closed by the server on stop
+        #: keep-alive connections of the prefill requests and streamed decodes (relay.py); closed on stop
         self.relay_pool = ConnectionPool(config.connect_timeout_s)
         self._targets: dict[str, tuple[str, int, str, bool]] = {}
 
@@ -233,7 +243,8 @@ class Forwarder:
     async def _run(self, request: web.Request, path: str, req: dict[str, Any], fields: Any,
                    t0: float, client_id: str) -> tuple[web.StreamResponse, str]:
         stream = bool(fields.stream)
-        tracker = RecomputeTracker.for_request(req, max_tokens=fields.max_tokens)
+        tracker = MigrationTracker.for_request(req, max_tokens=fields.max_tokens)
+        tracker.fields = fields
         failed_decodes: dict[str, str] = {}
         client_resp: web.StreamResponse | None = None
         current = req
@@ -266,7 +277,7 @@ class Forwarder:
                 return result[1], "client_error"
             if kind == "retry":  # failed before the client saw a byte of this attempt
                 failed_decodes[d_state.name] = f"failed for this request ({result[2]})"
-                if client_resp is None and len(failed_decodes) < self.cfg.max_attempts:
+                if (client_resp is None or tracker.resume) and len(failed_decodes) < self.cfg.max_attempts:
                     self.metrics.retries.labels("decode", "failed_before_first_byte").inc()
                     continue
                 msg = f"decode failed on {', '.join(sorted(failed_decodes))}: {result[2]}"
@@ -281,6 +292,12 @@ class Forwarder:
                 client_resp = result[1]
                 self.metrics.recomputes.inc()
                 current = tracker.continue_request()
+                tracker.resume = False
+                continue
+            if kind == "migrate":
+                client_resp = result[1]
+                self.metrics.migrations.inc()
+                current = continuation_request(tracker)
                 continue
             raise AssertionError(kind)
 
@@ -371,13 +388,13 @@ class Forwarder:
     # ---------------------------------------------------------------- decode
     async def _decode(self, request: web.Request, path: str, decode_req: dict[str, Any], client_id: str,
                       p_state: InstanceState, p_tokens: int, d_state: InstanceState, stream: bool,
-                      tracker: RecomputeTracker, client_resp: web.StreamResponse | None,
+                      tracker: MigrationTracker, client_resp: web.StreamResponse | None,
                       t0: float) -> tuple[Any, ...]:
         """Send ``decode_req`` to ``d_state`` (a new engine request, fresh request id) and relay the answer.
 
         Streams go through :meth:`_decode_stream` (relay.py); JSON answers through aiohttp's client here.
         Returns ("done", resp) | ("client_error", resp) | ("retry", None, reason)
-        | ("stream_error", resp) | ("recompute", resp).
+        | ("stream_error", resp) | ("recompute", resp) | ("migrate", resp) (streams only).
         """
         if stream:
             return await self._decode_stream(request, path, decode_req, client_id, p_state, p_tokens, d_state,
@@ -462,7 +479,7 @@ class Forwarder:
 
     async def _decode_stream(self, request: web.Request, path: str, decode_req: dict[str, Any], client_id: str,
                              p_state: InstanceState, p_tokens: int, d_state: InstanceState,
-                             tracker: RecomputeTracker, client_resp: web.StreamResponse | None,
+                             tracker: MigrationTracker, client_resp: web.StreamResponse | None,
                              t0: float) -> tuple[Any, ...]:
         """The streamed decode: same outcomes as :meth:`_decode`, relayed at the transport level (relay.py)."""
         pool = self.pool
@@ -502,6 +519,8 @@ class Forwarder:
                 return ("retry", None, "decode closed the stream before the first byte")
             pool.end(p_state, p_tokens)
             prefill_held = False
+            if tracker.resume and tracker.chat:  # the client already has the role chunk
+                first = drop_role_events(first)
             result = await self._relay(request, conn, head, first, p_state, d_state, tracker, client_resp, t0,
                                        client_id, attempt_id)
             clean = result[0] == "done"
@@ -514,7 +533,7 @@ class Forwarder:
             pool.end(d_state)
 
     async def _relay(self, request: web.Request, conn: DecodeConnection, head: Head, first: bytes,
-                     p_state: InstanceState, d_state: InstanceState, tracker: RecomputeTracker,
+                     p_state: InstanceState, d_state: InstanceState, tracker: MigrationTracker,
                      client_resp: web.StreamResponse | None, t0: float, client_id: str,
                      attempt_id: str) -> tuple[Any, ...]:
         """Relay the decode's SSE body to the client until its end, an error or a recompute."""
@@ -533,18 +552,28 @@ class Forwarder:
             return ("client_gone", client_resp)
         stats = StreamStats(ITL_BUCKETS)
         history: list[bytes] = []
+        chunked = bool(client_resp.chunked)
+        handle = StreamHandle(conn, tracker, history, chunked)
+        self.pool.track(d_state, handle)  # an evacuation of d_state stops this relay (migrate.py)
         try:
-            outcome = await conn.relay(first, transport, bool(client_resp.chunked), history,
+            outcome = await conn.relay(first, transport, chunked, history,
                                        lambda blob, hist: self._split_recompute(blob, hist, tracker), stats,
                                        self.cfg.stream_idle_timeout_s)
         except RelayError as exc:
             return await self._stream_broke(client_resp, d_state, exc, client_id, attempt_id)
         finally:
+            self.pool.untrack(d_state, handle)
             m.chunks.inc(stats.chunks)
             m.events.inc(stats.events)
             m.itl.add(stats.gap_counts, stats.gap_sum)
         if outcome == "client_gone":
             return ("client_gone", client_resp)
+        if outcome == "migrate":
+            tokens = account(tracker, relayed_events(history, chunked))
+            log.info("request %s: migrating its stream off decode %s (attempt %s) after %d tokens here, %d in all; "
+                     "continuing with a new prefill elsewhere", client_id, d_state.name, attempt_id, tokens,
+                     tracker.tokens_relayed())
+            return ("migrate", client_resp)
         self.pool.record_success(d_state)
         if outcome == "recompute":
             return ("recompute", client_resp)
@@ -574,7 +603,7 @@ class Forwarder:
         }
 
     def _finish_json(self, upstream: aiohttp.ClientResponse, body: bytes, p_state: InstanceState,
-                     d_state: InstanceState, tracker: RecomputeTracker, t0: float) -> tuple[Any, ...]:
+                     d_state: InstanceState, tracker: MigrationTracker, t0: float) -> tuple[Any, ...]:
         """Non-streaming answer: check for a recompute, else relay the body unchanged."""
         self.pool.record_success(d_state)
         if tracker.retries or RECOMPUTED.encode() in body:
@@ -593,7 +622,7 @@ class Forwarder:
         return ("done", web.Response(body=body, headers=self._response_headers(p_state, d_state, upstream)))
 
     def _split_recompute(self, blob: bytes, history: list[bytes],
-                         tracker: RecomputeTracker) -> tuple[bytes, bool]:
+                         tracker: MigrationTracker) -> tuple[bytes, bool]:
         """Find a ``stop_reason == recomputed`` event in ``blob`` (complete events).
 
         Returns (bytes to relay, recompute?). On a recompute the events before it

@@ -24,6 +24,8 @@ Names (all prefixed ``ascend_proxy_``):
   slow_health_checks_total{role,instance}   /health checks that timed out (not failures)
   instance_ejected{role,instance}           1 while ejected (refreshed on scrape)
   recomputes_total                          decode answers continued after stop_reason=recomputed
+  migrations_total                          streams moved off an evacuated decode instance and
+                                            continued on another (drain with migrate)
   relayed_chunks_total                      upstream body chunks relayed to clients
   instance_routable{role,instance}          1 if routable now (refreshed on scrape)
   instance_kv_cache_usage{role,instance}    last scraped vllm:kv_cache_usage_perc
@@ -121,6 +123,7 @@ class ProxyMetrics:
         self.ejected = Gauge(p + "instance_ejected", "1 while the instance is ejected", ["role", "instance"],
                              registry=r)
         self.recomputes = Counter(p + "recomputes", "Decode answers continued after recompute", registry=r)
+        self.migrations = Counter(p + "migrations", "Streams moved off an evacuated decode instance", registry=r)
         self.chunks = Counter(p + "relayed_chunks", "Writes of decode stream bytes to clients", registry=r)
         self.events = Counter(p + "relayed_events", "SSE events relayed to clients", registry=r)
         self.routable = Gauge(p + "instance_routable", "1 if the instance takes new requests", ["role", "instance"],

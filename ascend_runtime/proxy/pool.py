@@ -59,8 +59,12 @@ class InstanceState:
     readmitted_at: float = 0.0
     outlier: str = ""  # outlier evidence while kept in rotation by max_percent ('' = none)
     draining: bool = False
+    #: drained with ``migrate``: its streams are moved to other instances, also those starting later
+    evacuating: bool = False
     removed: bool = False
     served: int = 0
+    #: the streams being relayed from this instance now (objects with ``migrate() -> bool``, forward.py)
+    streams: set = field(default_factory=set)
 
     @property
     def name(self) -> str:
@@ -108,6 +112,7 @@ class InstanceState:
             "status": self.why_not_routable(now) or ("ok" if not self.outlier else f"outlier ({self.outlier})"),
             "healthy": self.healthy,
             "draining": self.draining,
+            "evacuating": self.evacuating,
             "inflight": self.inflight,
             "outstanding_prompt_tokens": self.outstanding_prompt_tokens,
             "active_seqs": self.active_seqs,
@@ -178,7 +183,7 @@ class InstancePool:
         state = self._by_name.get(spec.name)
         if state is not None:
             state.spec, state.source = spec, source
-            state.removed = state.draining = False
+            state.removed = state.draining = state.evacuating = False
             return state
         state = InstanceState(spec=spec, source=source)
         self._by_name[spec.name] = state
@@ -194,13 +199,47 @@ class InstancePool:
         self._reap(state)
         return True
 
-    def drain(self, name: str, draining: bool = True) -> bool:
-        """Mark ``name`` as draining (no new requests) or undrain it."""
+    def drain(self, name: str, draining: bool = True, migrate: bool = False) -> bool:
+        """Mark ``name`` as draining (no new requests) or undrain it.
+
+        ``migrate``: also move its in-flight streams to other instances (:meth:`migrate_streams`),
+        now and for any stream that starts relaying from it later, until it is undrained.
+        """
         state = self._by_name.get(name)
         if state is None:
             return False
         state.draining = draining
+        state.evacuating = draining and migrate
         return True
+
+    def _others_routable(self, state: InstanceState) -> bool:
+        now = self.clock()
+        return any(s is not state and s.routable(now) for s in self.all(state.role))
+
+    def migrate_streams(self, name: str) -> int:
+        """Ask every stream relayed from ``name`` to move (forward.py continues each elsewhere).
+
+        Returns how many agreed (a stream near its end, or of a shape that cannot be continued,
+        finishes in place). Nothing moves when no other instance of the role is routable: the
+        streams finish where they are rather than fail.
+        """
+        state = self._by_name.get(name)
+        if state is None or not state.streams:
+            return 0
+        if not self._others_routable(state):
+            log.warning("%s instance %s: %d stream(s) not migrated, no other %s instance is routable; they finish "
+                        "in place", state.role, name, len(state.streams), state.role)
+            return 0
+        return sum(1 for stream in list(state.streams) if stream.migrate())
+
+    def track(self, state: InstanceState, stream: Any) -> None:
+        """A stream starts relaying from ``state``; on an evacuating instance it is moved at once."""
+        state.streams.add(stream)
+        if state.evacuating and self._others_routable(state):
+            stream.migrate()
+
+    def untrack(self, state: InstanceState, stream: Any) -> None:
+        state.streams.discard(stream)
 
     def sync(self, source: str, specs: Iterable[InstanceSpec]) -> tuple[list[str], list[str]]:
         """Make the instances owned by ``source`` exactly ``specs``; return (added, removed) names."""

@@ -131,6 +131,9 @@ class DecodeConnection(asyncio.Protocol):
         self.idle_since = 0.0
         self.uses = 0
         self.role = "decode"  # names the engine in error reasons; set by request()
+        #: ends the running relay with outcome "migrate" (set while :meth:`relay` runs)
+        self._stop: Callable[[str], None] | None = None
+        self._stop_requested = False
         self._reset()
 
     def _reset(self) -> None:
@@ -343,6 +346,23 @@ class DecodeConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def stop_relay(self) -> bool:
+        """End the stream's relay at the last event boundary written to the client (outcome ``"migrate"``).
+
+        Called from outside the relay (an evacuation, forward.py): nothing more is written to the
+        client from this connection; an event that had only partly arrived is dropped. Before the
+        relay runs, it stops right after relaying its first payload. The caller closes the
+        connection afterwards (the engine aborts the request on disconnect). False (nothing done) once
+        the body has ended or failed: the stream is finishing on its own.
+        """
+        if self.body_done or self.error is not None or self.closed:
+            return False
+        if self._stop is not None:
+            self._stop("migrate")
+        else:
+            self._stop_requested = True
+        return True
+
     def release(self) -> None:
         """Give the connection back to the pool if its answer ended cleanly and it may be kept."""
         head = self.head
@@ -363,7 +383,8 @@ class DecodeConnection(asyncio.Protocol):
 
         Returns "done" (body ended; the caller writes the end of the client's
         answer), "recompute" (the events before the recomputed one were
-        relayed) or "client_gone". Raises :class:`RelayError` if the decode
+        relayed), "migrate" (:meth:`stop_relay` was called; ``history`` holds
+        exactly the complete events written) or "client_gone". Raises :class:`RelayError` if the decode
         broke (hard) or sent nothing for ``idle_timeout_s`` (soft).
         ``history`` collects what was written to the client (chunk frames when
         ``chunked``; :func:`deframe` gives the events). ``on_recompute(events,
@@ -496,11 +517,16 @@ class DecodeConnection(asyncio.Protocol):
 
         try:
             sink(first)
+            self._stop = finish  # an evacuation ends the relay between two reads: no check per read or event
+            if self._stop_requested:
+                finish("migrate")
             idle_handle[0] = loop.call_at(start + tick, idle_check)
             while outcome is None and not self.body_done and self.error is None:
                 await self._wait()
         finally:
             self._sink = None
+            self._stop = None
+            self._stop_requested = False
             if not self.closed:
                 transport.set_protocol(self)
             if idle_handle[0] is not None:

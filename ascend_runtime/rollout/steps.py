@@ -65,6 +65,8 @@ class RolloutOptions:
     poll_s: float = 0.2
     on_drain_timeout: str = "stop"
     include_drained: bool = False
+    #: drain decode instances with ``migrate: true``: their streams continue on other decode instances
+    migrate: bool = False
 
 
 @dataclass
@@ -138,7 +140,12 @@ class Rollout:
     # ---- the steps of one instance -----------------------------------------------------------
     async def drain(self, target: Target) -> None:
         try:
-            await self._drain_all(target.name, True)
+            if self.options.migrate and target.role == "decode":  # docs/proxy.md, admin API: drain with migrate
+                for url in self.replicas:
+                    await self.admin._call("POST", url, "/admin/instances/drain",  # noqa: SLF001 - the admin client's call
+                                           {"name": target.name, "drain": True, "migrate": True})
+            else:
+                await self._drain_all(target.name, True)
         except ProxyError as exc:
             await self._restore(target)
             raise StepFailed("drain", str(exc), drained=False) from None

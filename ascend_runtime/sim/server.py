@@ -288,7 +288,11 @@ class Handlers:
                 await out.write(output.sse(answer.usage_chunk([q.generated for q in seqs])))
             await out.write(b"data: [DONE]\n\n")
             await out.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionResetError:  # the client went away (vLLM aborts the request on disconnect)
+            for q in seqs:
+                self.st.engine.abort(q)
+            log.info("%s: stream client disconnected, %d sequence(s) aborted", self.st.cfg.instance, len(seqs))
+        except asyncio.CancelledError:
             for q in seqs:
                 self.st.engine.abort(q)
             raise

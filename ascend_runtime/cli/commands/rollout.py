@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="start at this instance, skipping the ones before it (after a stopped rollout)")
     p.add_argument("--include-drained", action="store_true",
                    help="also roll instances already drained in a proxy (they are undrained after their checks pass)")
+    p.add_argument("--migrate", action="store_true",
+                   help="drain decode instances with stream migration: their in-flight streams continue on other "
+                        "decode instances (docs/proxy.md) instead of the drain waiting for them to finish")
     p.add_argument("--allow-downtime", action="store_true",
                    help="roll a role that has a single instance (its requests fail while it is replaced)")
     t = p.add_argument_group("bounds (seconds)")
@@ -284,7 +287,7 @@ async def _rollout(args: argparse.Namespace, setup: Setup, chosen: list[Any], ho
         admin = ProxyAdmin(session, setup.token, setup.proxies, setup.service, kube, timeout_s=5.0)
         options = RolloutOptions(drain_timeout_s=args.drain_timeout_s, routable_timeout_s=args.routable_timeout_s,
                                  poll_s=args.poll_s or (0.2 if local else 2.0), on_drain_timeout=args.on_drain_timeout,
-                                 include_drained=args.include_drained)
+                                 include_drained=args.include_drained, migrate=args.migrate)
         rollout = Rollout(chosen, setup.serving, admin, setup.driver, EnginePostCheck(session, args.check_timeout_s),
                           options, _say)
         holder["rollout"] = rollout
