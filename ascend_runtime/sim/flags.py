@@ -12,8 +12,10 @@ from ascend_runtime.sim.config import SimConfig
 FLAG_FIELDS = (
     "role", "instance", "host", "port", "kv_port", "kv_host", "hardware", "npus", "dp", "tp", "ep", "nodes",
     "max_num_seqs", "max_num_batched_tokens", "redundant_experts", "mtp", "speedup", "startup_delay", "link_gbps",
-    "kv_timeout_s", "kv_wire_scale", "seed", "model", "expert_map",
+    "kv_timeout_s", "kv_wire_scale", "seed", "model", "expert_map", "block_size", "enable_prefix_caching",
 )
+#: Switches that default to on: written as ``--no-<flag>`` when off (argparse.BooleanOptionalAction).
+ON_BY_DEFAULT = frozenset({"enable_prefix_caching"})
 
 
 def argv_from_config(cfg: SimConfig) -> list[str]:
@@ -26,7 +28,10 @@ def argv_from_config(cfg: SimConfig) -> list[str]:
         value = getattr(cfg, name)
         flag = "--" + name.replace("_", "-")
         if isinstance(value, bool):
-            argv += [flag] if value else []
+            if name in ON_BY_DEFAULT:
+                argv += [] if value else ["--no-" + flag[2:]]
+            else:
+                argv += [flag] if value else []
         elif value is not None:
             argv += [flag, repr(value) if isinstance(value, float) else str(value)]
     return argv

@@ -20,6 +20,19 @@ def test_flags_round_trip_every_instance(stack: str) -> None:
         assert config_from_args(args) == config
 
 
+def test_prefix_cache_switches_round_trip_with_vllms_flag_names() -> None:
+    """On by default like vLLM 0.23.0; off is written as ``--no-enable-prefix-caching``."""
+    base = ["sim", "--role", "prefill", "--instance", "p", "--port", "18000", "--kv-port", "28000"]
+    on = config_from_args(build_parser().parse_args(base))
+    assert on.enable_prefix_caching and on.block_size == 128
+    off = config_from_args(build_parser().parse_args([*base, "--no-enable-prefix-caching", "--block-size", "64"]))
+    assert (off.enable_prefix_caching, off.block_size) == (False, 64)
+    argv = argv_from_config(off)
+    assert "--no-enable-prefix-caching" in argv and "--enable-prefix-caching" not in argv
+    assert config_from_args(build_parser().parse_args(["sim", *argv])) == off
+    assert "--no-enable-prefix-caching" not in argv_from_config(on)
+
+
 def test_stack_option_takes_the_plan_and_converts_the_link_rate() -> None:
     plan = load_plan("local")
     args = build_parser().parse_args(["sim", "--stack", "local", "--instance", "decode-1"])

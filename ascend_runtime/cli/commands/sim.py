@@ -46,6 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="deepseek-ai/DeepSeek-R1")
     p.add_argument("--expert-map", default=None, help="vLLM-Ascend expert map JSON applied at start.")
+    # vLLM 0.23.0's flag names (vllm/engine/arg_utils.py; prefix caching on by default, CacheConfig in
+    # vllm/config/cache.py); vLLM-Ascend sets the block size to 128 (refresh_block_size, vllm_ascend/utils.py, v0.23.0)
+    p.add_argument("--block-size", type=int, default=128, help="KV block size in tokens (default 128, as vLLM-Ascend).")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="Automatic prefix caching per DP rank (default on, as vLLM 0.23.0).")
     p.add_argument("--admin-token-env", metavar="VAR",
                    help="Environment variable holding the /admin bearer token; without it every /admin call is refused.")
     p.set_defaults(func=handler)
@@ -97,11 +102,10 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         redundant_experts=args.redundant_experts, mtp=args.mtp, speedup=args.speedup,
         startup_delay=args.startup_delay, link_gbps=args.link_gbps, kv_timeout_s=args.kv_timeout_s,
         kv_wire_scale=args.kv_wire_scale, seed=args.seed, model=args.model, expert_map=args.expert_map,
-        admin_token=token,
+        block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching, admin_token=token,
     )
 
 
-#: SimConfig fields with a flag of the same name (``kv_port`` -> ``--kv-port``); booleans are switches.
 def handler(args: argparse.Namespace) -> int:
     """Run the simulator until interrupted."""
     from ascend_runtime.sim.server import run_simulator
