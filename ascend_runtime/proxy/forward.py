@@ -424,15 +424,9 @@ class Forwarder:
                     first = await upstream.read()
             except (aiohttp.ClientError, asyncio.TimeoutError, UpstreamFailure) as exc:
                 failure = exc if isinstance(exc, UpstreamFailure) else _failure_from(d_state, exc, "decode")
-                pool.record_failure(d_state, failure.reason, failure.hard)
-                log.warning("request %s: decode %s on %s failed: %s", client_id, attempt_id, d_state.name,
-                            failure.reason)
-                return ("retry", None, failure.reason)
+                return self._decode_retry(d_state, client_id, attempt_id, failure.reason, failure.hard)
             if not first:
-                pool.record_failure(d_state, "decode closed the stream before the first byte")
-                log.warning("request %s: decode %s on %s closed the stream before the first byte", client_id,
-                            attempt_id, d_state.name)
-                return ("retry", None, "decode closed the stream before the first byte")
+                return self._decode_retry(d_state, client_id, attempt_id, "decode closed the stream before the first byte")
             pool.end(p_state, p_tokens)
             prefill_held = False
             clean = True
@@ -445,6 +439,13 @@ class Forwarder:
             pool.end(d_state)
 
     # ---------------------------------------------------------------- streamed decode (relay.py)
+    def _decode_retry(self, d_state: InstanceState, client_id: str, attempt_id: str, reason: str,
+                      hard: bool = False) -> tuple[str, None, str]:
+        """Count a decode attempt that failed before any answer byte and ask for another instance."""
+        self.pool.record_failure(d_state, reason, hard)
+        log.warning("request %s: decode %s on %s failed: %s", client_id, attempt_id, d_state.name, reason)
+        return ("retry", None, reason)
+
     def _target(self, url: str) -> tuple[str, int, str, bool]:
         """(host, port, path prefix, tls) of an instance URL, cached."""
         t = self._targets.get(url)
@@ -509,14 +510,9 @@ class Forwarder:
                     first = await conn.first_payload()
             except (RelayError, TimeoutError) as exc:
                 reason, hard = (exc.reason, exc.hard) if isinstance(exc, RelayError) else ("decode: timed out", False)
-                pool.record_failure(d_state, reason, hard)
-                log.warning("request %s: decode %s on %s failed: %s", client_id, attempt_id, d_state.name, reason)
-                return ("retry", None, reason)
+                return self._decode_retry(d_state, client_id, attempt_id, reason, hard)
             if not first:
-                pool.record_failure(d_state, "decode closed the stream before the first byte")
-                log.warning("request %s: decode %s on %s closed the stream before the first byte", client_id,
-                            attempt_id, d_state.name)
-                return ("retry", None, "decode closed the stream before the first byte")
+                return self._decode_retry(d_state, client_id, attempt_id, "decode closed the stream before the first byte")
             pool.end(p_state, p_tokens)
             prefill_held = False
             if tracker.resume and tracker.chat:  # the client already has the role chunk

@@ -31,13 +31,9 @@ import kubernetes_validate
 from aiohttp import web
 
 from ascend_runtime.faults import signals
+from tests.kube_api_double import kube_status, serve_on_loopback
 
 K8S_VERSION = "1.30"
-
-
-def _status(code: int, reason: str, message: str) -> web.Response:
-    return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-                              "reason": reason, "code": code}, status=code)
 
 
 @dataclass
@@ -82,11 +78,7 @@ class FakeKubernetesApi:
         app.router.add_get("/api/v1/namespaces/{ns}/configmaps/{name}", self._get_configmap)
         app.router.add_get("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", self._list_slices)
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._create_event)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._runner, self.url = await serve_on_loopback(app)
         return self.url
 
     async def stop(self) -> None:
@@ -96,9 +88,9 @@ class FakeKubernetesApi:
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
         if request.headers.get("Authorization") != f"Bearer {self.token}":
-            resp: web.StreamResponse = _status(401, "Unauthorized", "Unauthorized")
+            resp: web.StreamResponse = kube_status(401, "Unauthorized", "Unauthorized")
         elif request.path in self.failing:
-            resp = _status(500, "InternalError", "etcdserver: request timed out")
+            resp = kube_status(500, "InternalError", "etcdserver: request timed out")
         else:
             if request.method == "GET":
                 for observe in self.observers:
@@ -138,21 +130,21 @@ class FakeKubernetesApi:
     async def _get_node(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         if not self._allowed("", "nodes", "get", None, name):
-            return _status(403, "Forbidden", f'nodes "{name}" is forbidden')
+            return kube_status(403, "Forbidden", f'nodes "{name}" is forbidden')
         node = self.nodes.get(name)
-        return web.json_response(node) if node else _status(404, "NotFound", f'nodes "{name}" not found')
+        return web.json_response(node) if node else kube_status(404, "NotFound", f'nodes "{name}" not found')
 
     async def _get_configmap(self, request: web.Request) -> web.Response:
         ns, name = request.match_info["ns"], request.match_info["name"]
         if not self._allowed("", "configmaps", "get", ns, name):
-            return _status(403, "Forbidden", f'configmaps "{name}" is forbidden')
+            return kube_status(403, "Forbidden", f'configmaps "{name}" is forbidden')
         cm = self.configmaps.get((ns, name))
-        return web.json_response(cm) if cm else _status(404, "NotFound", f'configmaps "{name}" not found')
+        return web.json_response(cm) if cm else kube_status(404, "NotFound", f'configmaps "{name}" not found')
 
     async def _list_slices(self, request: web.Request) -> web.Response:
         ns = request.match_info["ns"]
         if not self._allowed("discovery.k8s.io", "endpointslices", "list", ns, None):
-            return _status(403, "Forbidden", "endpointslices is forbidden")
+            return kube_status(403, "Forbidden", "endpointslices is forbidden")
         selector = request.query.get("labelSelector", "")
         key, _, service = selector.partition("=")
         assert key == "kubernetes.io/service-name", selector
@@ -162,19 +154,19 @@ class FakeKubernetesApi:
     async def _create_event(self, request: web.Request) -> web.Response:
         ns = request.match_info["ns"]
         if not self._allowed("", "events", "create", ns, None):
-            return _status(403, "Forbidden", "events is forbidden")
+            return kube_status(403, "Forbidden", "events is forbidden")
         event = await request.json()
         try:
             kubernetes_validate.validate(event, K8S_VERSION, strict=True)
         except kubernetes_validate.ValidationError as exc:
             self.rejected_events.append((422, str(exc)))
-            return _status(422, "Invalid", f"not a v1 Event: {exc}")
+            return kube_status(422, "Invalid", f"not a v1 Event: {exc}")
         if event["metadata"].get("namespace") not in (None, ns):
             self.rejected_events.append((400, "namespace mismatch"))
-            return _status(400, "BadRequest", "the namespace of the provided object does not match")
+            return kube_status(400, "BadRequest", "the namespace of the provided object does not match")
         if any(e["metadata"]["name"] == event["metadata"]["name"] for e in self.events):
             self.rejected_events.append((409, event["metadata"]["name"]))
-            return _status(409, "AlreadyExists", f'events "{event["metadata"]["name"]}" already exists')
+            return kube_status(409, "AlreadyExists", f'events "{event["metadata"]["name"]}" already exists')
         self.events.append(event)
         return web.json_response(event, status=201)
 

@@ -29,15 +29,11 @@ import kubernetes_validate
 from aiohttp import web
 
 from tests.deploy.crd_schemas import validate_lws
+from tests.kube_api_double import kube_status, serve_on_loopback
 
 K8S_VERSION = "1.30"
 JSON_PATCH = "application/json-patch+json"
 KINDS = {"leaderworkersets": "LeaderWorkerSet", "deployments": "Deployment"}
-
-
-def _status(code: int, reason: str, message: str) -> web.Response:
-    return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-                              "reason": reason, "code": code}, status=code)
 
 
 class PatchError(Exception):
@@ -129,11 +125,7 @@ class FakeWorkloadApi:
             path = f"/{group_version}/namespaces/{{ns}}/{{plural}}/{{name}}"
             app.router.add_get(path, self._get)
             app.router.add_patch(path, self._patch)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._runner, self.url = await serve_on_loopback(app)
         return self.url
 
     async def stop(self) -> None:
@@ -143,7 +135,7 @@ class FakeWorkloadApi:
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         if request.headers.get("Authorization") != f"Bearer {self.token}":
-            return _status(401, "Unauthorized", "Unauthorized")
+            return kube_status(401, "Unauthorized", "Unauthorized")
         return await handler(request)
 
     # ---- state -------------------------------------------------------------------------------
@@ -151,14 +143,14 @@ class FakeWorkloadApi:
         """A workload as ``pulumi up`` created it, its group ready."""
         obj = copy.deepcopy(obj)
         obj["metadata"].update(generation=1, resourceVersion="1")
-        obj["status"] = self._ready_status(obj)
+        obj["status"] = self._readykube_status(obj)
         self.objects[(obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])] = Tracked(obj)
 
     def get(self, kind: str, name: str) -> dict[str, Any]:
         return next(t.obj for (k, _, n), t in self.objects.items() if k == kind and n == name)
 
     @staticmethod
-    def _ready_status(obj: dict[str, Any]) -> dict[str, Any]:
+    def _readykube_status(obj: dict[str, Any]) -> dict[str, Any]:
         gen = obj["metadata"]["generation"]
         if obj["kind"] == "LeaderWorkerSet":
             return {"observedGeneration": gen, "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1,
@@ -168,7 +160,7 @@ class FakeWorkloadApi:
                 "availableReplicas": 1}
 
     @staticmethod
-    def _updating_status(obj: dict[str, Any]) -> dict[str, Any]:
+    def _updatingkube_status(obj: dict[str, Any]) -> dict[str, Any]:
         gen = obj["metadata"]["generation"]
         if obj["kind"] == "LeaderWorkerSet":  # the old group deleted, the new one starting (maxSurge 0)
             return {"observedGeneration": gen, "replicas": 1, "readyReplicas": 0, "updatedReplicas": 1,
@@ -185,15 +177,15 @@ class FakeWorkloadApi:
     async def _get(self, request: web.Request) -> web.Response:
         t = self._tracked(request)
         if t is None:
-            return _status(404, "NotFound", f"{request.match_info['plural']} \"{request.match_info['name']}\" not found")
+            return kube_status(404, "NotFound", f"{request.match_info['plural']} \"{request.match_info['name']}\" not found")
         name, kind = t.obj["metadata"]["name"], t.obj["kind"]
         if t.stale_read:  # the controller has not seen the new generation yet
             t.stale_read = False
         elif t.reads_left > 0 or name in self.never_ready:
-            t.obj["status"] = self._updating_status(t.obj)
+            t.obj["status"] = self._updatingkube_status(t.obj)
             t.reads_left -= 1
         elif t.obj["status"].get("readyReplicas") == 0:
-            t.obj["status"] = self._ready_status(t.obj)
+            t.obj["status"] = self._readykube_status(t.obj)
             if self.on_ready is not None:
                 await self.on_ready(kind, name)
         return web.json_response(t.obj)
@@ -201,9 +193,9 @@ class FakeWorkloadApi:
     async def _patch(self, request: web.Request) -> web.Response:
         t = self._tracked(request)
         if t is None:
-            return _status(404, "NotFound", f"\"{request.match_info['name']}\" not found")
+            return kube_status(404, "NotFound", f"\"{request.match_info['name']}\" not found")
         if request.content_type != JSON_PATCH:
-            return _status(415, "UnsupportedMediaType", f"expected {JSON_PATCH}, got {request.content_type}")
+            return kube_status(415, "UnsupportedMediaType", f"expected {JSON_PATCH}, got {request.content_type}")
         ops = await request.json()
         name, kind = t.obj["metadata"]["name"], t.obj["kind"]
         if self.on_patch is not None:
@@ -215,7 +207,7 @@ class FakeWorkloadApi:
             new = apply_json_patch(t.obj, ops)
         except PatchError as exc:
             self.rejected.append((422, str(exc)))
-            return _status(422, "Invalid", str(exc))
+            return kube_status(422, "Invalid", str(exc))
         try:
             if kind == "LeaderWorkerSet":
                 validate_lws(_client_view(new))
@@ -223,7 +215,7 @@ class FakeWorkloadApi:
                 kubernetes_validate.validate(_client_view(new), K8S_VERSION, strict=True)
         except Exception as exc:  # noqa: BLE001 - either validator's error
             self.rejected.append((422, f"{kind} {name}: {exc}"))
-            return _status(422, "Invalid", f"{kind} {name} is invalid: {str(exc)[:300]}")
+            return kube_status(422, "Invalid", f"{kind} {name} is invalid: {str(exc)[:300]}")
         meta = new["metadata"]
         meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
         if new["spec"] != t.obj["spec"]:

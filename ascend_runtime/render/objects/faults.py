@@ -36,7 +36,6 @@ from ascend_runtime.faults.topology import Topology
 from ascend_runtime.planner.plan import Plan
 from ascend_runtime.render.objects.common import (
     LABEL_COMPONENT,
-    LABEL_LEADER,
     PROXY_NAME,
     Context,
     K8sObject,
@@ -53,7 +52,7 @@ from ascend_runtime.render.objects.controller import (
     service_account,
     single_deployment,
 )
-from ascend_runtime.render.objects.network import API_SERVER_PORTS, DNS_RULE, to_leader
+from ascend_runtime.render.objects.network import controller_policies
 
 COMPONENT = "faults"
 NAME = "ascend-fault-watcher"
@@ -116,31 +115,7 @@ def watch_command(ctx: Context) -> list[str]:
 
 def network_policies(ctx: Context) -> list[K8sObject]:
     """Egress and ingress of the watcher, and the engine leaders' API ports open to it."""
-    me = {"matchLabels": {LABEL_COMPONENT: COMPONENT}}
-    api = {"ports": [{"protocol": "TCP", "port": p} for p in API_SERVER_PORTS]}
-    to_proxy = {"to": [{"podSelector": {"matchLabels": {LABEL_COMPONENT: "proxy"}}}],
-                "ports": [{"protocol": "TCP", "port": ctx.plan.proxy_port}]}
-
-    def policy(name: str, selector: dict[str, Any], types: list[str], **rules: Any) -> K8sObject:
-        spec: dict[str, Any] = {"podSelector": selector, "policyTypes": types}
-        spec.update(rules)
-        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-                "metadata": metadata(ctx, name, COMPONENT), "spec": spec}
-
-    ingress: list[dict[str, Any]] = []
-    if ctx.k8s["prometheus_operator"]:
-        ingress.append({"from": [{"namespaceSelector": {"matchLabels": {
-            "kubernetes.io/metadata.name": ctx.k8s["monitoring_namespace"]}}}],
-            "ports": [{"protocol": "TCP", "port": METRICS_PORT}]})
-    leaders = {"matchExpressions": [{"key": LABEL_COMPONENT, "operator": "In", "values": ["engine"]},
-                                    {"key": LABEL_LEADER, "operator": "In", "values": ["true"]}]}
-    ports = [{"protocol": "TCP", "port": p} for p in sorted({i.api_port for i in ctx.plan.instances})]
-    return [
-        policy(f"{NAME}-egress", me, ["Egress"],
-               egress=[api, to_proxy, *(to_leader(ctx, i) for i in ctx.plan.instances), DNS_RULE]),
-        policy(f"{NAME}-ingress", me, ["Ingress"], ingress=ingress),
-        policy(f"{NAME}-to-engines", leaders, ["Ingress"], ingress=[{"from": [{"podSelector": me}], "ports": ports}]),
-    ]
+    return controller_policies(ctx, NAME, COMPONENT, METRICS_PORT, ctx.plan.instances)
 
 
 def fault_watcher_objects(plan: Plan, proxy_token: bool, secrets: frozenset[str] = frozenset()) -> list[K8sObject]:

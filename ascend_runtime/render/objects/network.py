@@ -48,7 +48,7 @@ def api_ports(ctx: Context) -> list[int]:
     return sorted({i.api_port for i in ctx.plan.instances})
 
 
-def _policy(ctx: Context, name: str, component: str, selector: dict[str, Any], types: list[str],
+def network_policy(ctx: Context, name: str, component: str, selector: dict[str, Any], types: list[str],
             ingress: list[dict[str, Any]] | None = None, egress: list[dict[str, Any]] | None = None) -> K8sObject:
     spec: dict[str, Any] = {"podSelector": selector, "policyTypes": types}
     if "Ingress" in types:
@@ -57,6 +57,35 @@ def _policy(ctx: Context, name: str, component: str, selector: dict[str, Any], t
         spec["egress"] = egress or []
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": metadata(ctx, name, component), "spec": spec}
+
+
+#: The engine pods that serve an instance's API (its leader ranks).
+ENGINE_LEADERS = {"matchExpressions": [{"key": LABEL_COMPONENT, "operator": "In", "values": ["engine"]},
+                                       {"key": LABEL_LEADER, "operator": "In", "values": ["true"]}]}
+
+
+def controller_policies(ctx: Context, name: str, component: str, metrics_port: int,
+                        instances: list[InstancePlan]) -> list[K8sObject]:
+    """A kit controller's own traffic (render/objects/controller.py): three NetworkPolicies.
+
+    ``<name>-egress``: the Kubernetes API, the proxy's port, the leaders of ``instances`` and DNS;
+    ``<name>-ingress``: its metrics port from the monitoring namespace (with ``prometheus_operator``);
+    ``<name>-to-engines``: the leaders of ``instances`` accept it on their API ports.
+    """
+    me = _component(component)
+    api = {"ports": [{"protocol": "TCP", "port": p} for p in API_SERVER_PORTS]}
+    to_proxy = {"to": [{"podSelector": _component("proxy")}],
+                "ports": [{"protocol": "TCP", "port": ctx.plan.proxy_port}]}
+    ingress = ([{"from": [_monitoring(ctx)], "ports": [{"protocol": "TCP", "port": metrics_port}]}]
+               if ctx.k8s["prometheus_operator"] else [])
+    ports = [{"protocol": "TCP", "port": p} for p in sorted({i.api_port for i in instances})]
+    return [
+        network_policy(ctx, f"{name}-egress", component, me, ["Egress"],
+                       egress=[api, to_proxy, *(to_leader(ctx, i) for i in instances), DNS_RULE]),
+        network_policy(ctx, f"{name}-ingress", component, me, ["Ingress"], ingress=ingress),
+        network_policy(ctx, f"{name}-to-engines", component, ENGINE_LEADERS, ["Ingress"],
+                       ingress=[{"from": [{"podSelector": me}], "ports": ports}]),
+    ]
 
 
 def _component(name: str) -> dict[str, Any]:
@@ -81,7 +110,7 @@ def to_leader(ctx: Context, inst: InstancePlan) -> dict[str, Any]:
 
 def default_deny(ctx: Context) -> K8sObject:
     """Every pod of the namespace: no ingress, no egress, unless another policy allows it."""
-    return _policy(ctx, "default-deny", "network", {}, ["Ingress", "Egress"])
+    return network_policy(ctx, "default-deny", "network", {}, ["Ingress", "Egress"])
 
 
 def engine_network_policy(ctx: Context) -> K8sObject:
@@ -94,21 +123,21 @@ def engine_network_policy(ctx: Context) -> K8sObject:
         clients.append(_monitoring(ctx))
     peers: list[dict[str, Any]] = [{"podSelector": _component("engine")}]
     peers += [{"ipBlock": {"cidr": f"{ip}/32"}} for ip in sorted({r.host_ip for r in ctx.plan.ranks})]
-    return _policy(ctx, "engine-ingress", "engine", _component("engine"), ["Ingress"],
+    return network_policy(ctx, "engine-ingress", "engine", _component("engine"), ["Ingress"],
                    ingress=[{"from": clients, "ports": ports}, {"from": peers}])
 
 
 def engine_egress_policy(ctx: Context) -> K8sObject:
     """Egress of engine pods: open (peer nodes for HCCL and KV transfer, DNS, the model source)."""
-    return _policy(ctx, "engine-egress", "engine", _component("engine"), ["Egress"], egress=[{}])
+    return network_policy(ctx, "engine-egress", "engine", _component("engine"), ["Egress"], egress=[{}])
 
 
 def proxy_policies(ctx: Context) -> list[K8sObject]:
     """In: the proxy port from anywhere. Out: every instance leader's API port, DNS."""
     port = [{"protocol": "TCP", "port": ctx.plan.proxy_port}]
     return [
-        _policy(ctx, "proxy-ingress", "proxy", _component("proxy"), ["Ingress"], ingress=[{"ports": port}]),
-        _policy(ctx, "proxy-egress", "proxy", _component("proxy"), ["Egress"],
+        network_policy(ctx, "proxy-ingress", "proxy", _component("proxy"), ["Ingress"], ingress=[{"ports": port}]),
+        network_policy(ctx, "proxy-egress", "proxy", _component("proxy"), ["Egress"],
                 egress=[*(to_leader(ctx, i) for i in ctx.plan.instances), DNS_RULE]),
     ]
 
@@ -119,13 +148,13 @@ def balancer_network_policy(ctx: Context) -> K8sObject:
     if ctx.k8s["prometheus_operator"]:
         rules.append({"from": [_monitoring(ctx)],
                       "ports": [{"protocol": "TCP", "port": ctx.plan.config["ports"]["balancer_metrics"]}]})
-    return _policy(ctx, "balancer-ingress", "balancer", _component("balancer"), ["Ingress"], ingress=rules)
+    return network_policy(ctx, "balancer-ingress", "balancer", _component("balancer"), ["Ingress"], ingress=rules)
 
 
 def balancer_egress_policy(ctx: Context) -> K8sObject:
     """The Kubernetes API (by port: its address is the cluster's), the balanced instances' API ports, DNS."""
     api = {"ports": [{"protocol": "TCP", "port": p} for p in API_SERVER_PORTS]}
-    return _policy(ctx, "balancer-egress", "balancer", _component("balancer"), ["Egress"],
+    return network_policy(ctx, "balancer-egress", "balancer", _component("balancer"), ["Egress"],
                    egress=[api, *(to_leader(ctx, i) for i in balanced_instances(ctx)), DNS_RULE])
 
 
@@ -133,7 +162,7 @@ def checks_egress_policy(ctx: Context) -> K8sObject:
     """The checks Job talks to the proxy pods only (and DNS for the Service name)."""
     to_proxy = {"to": [{"podSelector": _component("proxy")}],
                 "ports": [{"protocol": "TCP", "port": ctx.plan.proxy_port}]}
-    return _policy(ctx, "checks-egress", "checks", _component("checks"), ["Egress"], egress=[to_proxy, DNS_RULE])
+    return network_policy(ctx, "checks-egress", "checks", _component("checks"), ["Egress"], egress=[to_proxy, DNS_RULE])
 
 
 def network_policies(ctx: Context, with_balancer: bool) -> list[K8sObject]:

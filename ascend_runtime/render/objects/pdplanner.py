@@ -25,7 +25,6 @@ from urllib.parse import quote
 from ascend_runtime.planner.plan import Plan
 from ascend_runtime.render.objects.common import (
     LABEL_COMPONENT,
-    LABEL_LEADER,
     PROXY_NAME,
     Context,
     K8sObject,
@@ -42,7 +41,12 @@ from ascend_runtime.render.objects.controller import (
 from ascend_runtime.render.objects.faults import PROXY_ADMIN_SECRET, proxy_token_env
 from ascend_runtime.render.objects.lws import RELEASE as LWS_RELEASE
 from ascend_runtime.render.objects.lws import deploys_as_lws
-from ascend_runtime.render.objects.network import API_SERVER_PORTS, DNS_RULE, to_leader
+from ascend_runtime.render.objects.network import (
+    ENGINE_LEADERS,
+    controller_policies,
+    network_policy,
+    to_leader,
+)
 
 COMPONENT = "pdplanner"
 NAME = "ascend-pd-planner"
@@ -109,39 +113,16 @@ def planner_command(ctx: Context, acting: bool) -> list[str]:
 
 def network_policies(ctx: Context) -> list[K8sObject]:
     """The planner's own traffic, and the standby instances' API ports for the proxy and clients."""
-    me = {"matchLabels": {LABEL_COMPONENT: COMPONENT}}
-
-    def policy(name: str, selector: dict[str, Any], types: list[str], **rules: Any) -> K8sObject:
-        spec: dict[str, Any] = {"podSelector": selector, "policyTypes": types}
-        spec.update(rules)
-        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-                "metadata": metadata(ctx, name, COMPONENT), "spec": spec}
-
-    api = {"ports": [{"protocol": "TCP", "port": p} for p in API_SERVER_PORTS]}
-    to_proxy = {"to": [{"podSelector": {"matchLabels": {LABEL_COMPONENT: "proxy"}}}],
-                "ports": [{"protocol": "TCP", "port": ctx.plan.proxy_port}]}
-    ingress: list[dict[str, Any]] = []
-    if ctx.k8s["prometheus_operator"]:
-        ingress.append({"from": [{"namespaceSelector": {"matchLabels": {
-            "kubernetes.io/metadata.name": ctx.k8s["monitoring_namespace"]}}}],
-            "ports": [{"protocol": "TCP", "port": METRICS_PORT}]})
-    leaders = {"matchExpressions": [{"key": LABEL_COMPONENT, "operator": "In", "values": ["engine"]},
-                                    {"key": LABEL_LEADER, "operator": "In", "values": ["true"]}]}
-    every = ctx.plan.all_instances
     standby_ports = [{"protocol": "TCP", "port": p} for p in sorted({i.api_port for i in ctx.plan.standby})]
     clients = {"podSelector": {"matchExpressions": [{"key": LABEL_COMPONENT, "operator": "In",
                                                      "values": ["proxy", "checks", COMPONENT]}]}}
-    all_ports = [{"protocol": "TCP", "port": p} for p in sorted({i.api_port for i in every})]
-    out = [
-        policy(f"{NAME}-egress", me, ["Egress"], egress=[api, to_proxy, *(to_leader(ctx, i) for i in every), DNS_RULE]),
-        policy(f"{NAME}-ingress", me, ["Ingress"], ingress=ingress),
-        policy(f"{NAME}-to-engines", leaders, ["Ingress"], ingress=[{"from": [{"podSelector": me}], "ports": all_ports}]),
-    ]
+    out = controller_policies(ctx, NAME, COMPONENT, METRICS_PORT, ctx.plan.all_instances)
     if standby_ports:
         out += [
-            policy(f"{NAME}-standby-ingress", leaders, ["Ingress"], ingress=[{"from": [clients], "ports": standby_ports}]),
-            policy(f"{NAME}-proxy-to-standby", {"matchLabels": {LABEL_COMPONENT: "proxy"}}, ["Egress"],
-                   egress=[to_leader(ctx, i) for i in ctx.plan.standby]),
+            network_policy(ctx, f"{NAME}-standby-ingress", COMPONENT, ENGINE_LEADERS, ["Ingress"],
+                           ingress=[{"from": [clients], "ports": standby_ports}]),
+            network_policy(ctx, f"{NAME}-proxy-to-standby", COMPONENT, {"matchLabels": {LABEL_COMPONENT: "proxy"}},
+                           ["Egress"], egress=[to_leader(ctx, i) for i in ctx.plan.standby]),
         ]
     return out
 
