@@ -44,27 +44,22 @@ async def test_decode_killed_mid_stream_gives_clean_error_and_is_avoided(stubs, 
         px = await proxy(p, extra=[InstanceSpec("victim", "decode", f"http://127.0.0.1:{port}"),
                                    InstanceSpec("good", "decode", good.url)], health_interval_s=0.5)
         px.pool.get("good").kv_usage = 1.0
-        t0 = time.monotonic()
         async with http.post(px.url + "/v1/completions", json={**REQ, "max_tokens": 200}) as resp:
             assert resp.headers["x-decode-instance"] == "victim"
             first = await resp.content.readuntil(b"\n\n")
             assert b'"text"' in first
             os.kill(proc.pid, signal.SIGKILL)
             rest = await asyncio.wait_for(resp.read(), timeout=5)
-        killed_at = time.monotonic()
         events = [e for e in (first + rest).decode().split("\n\n") if e]
         assert events[-1] == "data: [DONE]"
         err = json.loads(events[-2][len("data: "):])
         assert "victim" in err["error"]["message"] and "mid-stream" in err["error"]["message"]
-        assert killed_at - t0 < 5
-        # new requests avoid the dead instance (within 2 s) and succeed
-        assert time.monotonic() - killed_at < 2
+        # new requests avoid the dead instance (the broken stream ejects it) and succeed
         for _ in range(3):
             async with http.post(px.url + "/v1/completions", json=REQ) as resp:
                 assert resp.status == 200
                 assert resp.headers["x-decode-instance"] == "good"
                 assert (await resp.read()).endswith(b"data: [DONE]\n\n")
-        assert time.monotonic() - killed_at < 2
     finally:
         proc.kill()
         proc.wait()
