@@ -54,6 +54,7 @@ from ascend_runtime.balancer.measure import balancedness
 from ascend_runtime.balancer.placement import PlacementConfig, plan_placement
 from ascend_runtime.balancer.publish import Publisher
 from ascend_runtime.balancer.sources import LoadSource
+from ascend_runtime.eventloop import run_every
 from ascend_runtime.metrics_server import start_metrics_server
 
 log = logging.getLogger(__name__)
@@ -285,20 +286,11 @@ class BalancerDaemon:
         runner = await self._metrics_app()
         try:
             async with aiohttp.ClientSession() as session:
-                cycles = 0
-                while not stop.is_set():
-                    try:
-                        await self.run_cycle(session)
-                    except Exception:  # noqa: BLE001 - keep serving; the map in service is untouched
-                        log.exception("balancing cycle failed")
-                        self.metrics.cycles.labels("error").inc()
-                    cycles += 1
-                    if max_cycles is not None and cycles >= max_cycles:
-                        break
-                    try:
-                        await asyncio.wait_for(stop.wait(), timeout=self.config.interval_s)
-                    except asyncio.TimeoutError:
-                        pass
+                def failed(_: Exception) -> None:  # keep serving; the map in service is untouched
+                    log.exception("balancing cycle failed")
+                    self.metrics.cycles.labels("error").inc()
+
+                await run_every(self.config.interval_s, lambda: self.run_cycle(session), stop, max_cycles, failed)
         finally:
             if runner is not None:
                 await runner.cleanup()

@@ -41,6 +41,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from ascend_runtime.eventloop import run_every
 from ascend_runtime.faults import signals as sig
 from ascend_runtime.faults.kube import KubeClient, KubeError
 from ascend_runtime.faults.metrics import FaultMetrics
@@ -489,19 +490,8 @@ class FaultWatcher:
         stop = stop or asyncio.Event()
         runner = await self._serve_metrics()
         try:
-            while not stop.is_set():
-                started = self.clock()
-                try:
-                    await self.run_cycle()
-                except Exception:
-                    log.exception("fault watch cycle failed")
-                if max_cycles is not None and self.cycles >= max_cycles:
-                    break
-                delay = max(0.0, self.config.interval_s - (self.clock() - started))
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
-                except TimeoutError:
-                    pass
+            await run_every(self.config.interval_s, self.run_cycle, stop, max_cycles,
+                            lambda _: log.exception("fault watch cycle failed"))
         finally:
             await self.close()
             if runner is not None:

@@ -37,6 +37,7 @@ from prometheus_client import (
     Gauge,
 )
 
+from ascend_runtime.eventloop import run_every
 from ascend_runtime.metrics_server import start_metrics_server
 from ascend_runtime.pdplanner.decide import (
     REASONS,
@@ -51,7 +52,13 @@ from ascend_runtime.pdplanner.decide import (
     decide_split,
 )
 from ascend_runtime.pdplanner.forecast import HoltForecaster
-from ascend_runtime.pdplanner.observe import Observation, Snapshot, observe, parse, parse_engine_prompts
+from ascend_runtime.pdplanner.observe import (
+    Observation,
+    Snapshot,
+    observe,
+    parse,
+    parse_engine_prompts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -284,16 +291,7 @@ class PDPlanner:
         runner = await self._metrics_app()
         try:
             async with aiohttp.ClientSession() as session:
-                cycles = 0
-                while not stop.is_set():
-                    await self.run_cycle(session)
-                    cycles += 1
-                    if max_cycles is not None and cycles >= max_cycles:
-                        break
-                    try:
-                        await asyncio.wait_for(stop.wait(), timeout=self.config.interval_s)
-                    except TimeoutError:
-                        pass
+                await run_every(self.config.interval_s, lambda: self.run_cycle(session), stop, max_cycles)
         finally:
             if self.move_task is not None and not self.move_task.done():
                 log.info("waiting for the group move under way to finish before stopping")
