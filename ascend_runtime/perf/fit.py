@@ -52,7 +52,7 @@ from ascend_runtime.perf.model import (
 )
 from ascend_runtime.planner.modules import ModuleDegrees
 from ascend_runtime.sim.config import HARDWARE, HardwareProfile
-from ascend_runtime.sim.timing import TimingModel
+from ascend_runtime.sim.timing import COLLECTIVE_LATENCY_S, REFERENCES, TimingModel, reference_config
 
 A2, CM = "atlas-800i-a2", "cm384"
 
@@ -230,20 +230,41 @@ MEASURED_BATCH = 24
 MEASURED_SHAPE = StageShape(A2, "decode", 32, 1, 0, max_num_seqs=72)
 
 
-@functools.cache
-def fitted_collective_latency_s() -> float:
+def _decode_calibration_with(alpha: float) -> float:
+    """k[A2, decode] of the timing model whose collective calls cost ``alpha`` s each (the simulator's rule)."""
+    ref = REFERENCES[(A2, "decode")]
+    raw = TimingModel(reference_config(A2, "decode"), scale=1.0, collective_latency_s=alpha).reference_step(ref)
+    return ref.step_s / raw.total
+
+
+def fitted_collective_latency_s(assumed: float = COLLECTIVE_LATENCY_S) -> float:
     """alpha (s per collective) such that o_proj TP 8 on the measured shape changes TPOT by +1.5 ms.
 
-    The step is linear in alpha: k x (dW + sum count x (alpha + t_bytes)) = measured change.
+    The step is linear in alpha: k x (dW + sum count x (alpha + t_bytes)) = measured change, with k the
+    calibration of a model whose MoE dispatch and combine calls cost ``assumed`` each.
     """
     shape = replace(MEASURED_SHAPE, modules=ModuleDegrees(o_proj_tp=8))
-    tm = TimingModel(shape.sim_config())
+    k = _decode_calibration_with(assumed)
+    tm = TimingModel(shape.sim_config(), scale=k, collective_latency_s=assumed)
     b = MEASURED_BATCH
     d0_read, d0_coll = module_terms(shape, tm, b, b, alpha=0.0)
     d1_read, d1_coll = module_terms(shape, tm, b, b, alpha=1.0)
     calls = d1_coll - d0_coll  # collectives per step
-    target = MEASURED_MODULE_TPOT["o_proj_tp"] / tm.scale
+    target = MEASURED_MODULE_TPOT["o_proj_tp"] / k
     return max(0.0, (target - d0_read - d0_coll) / calls)
+
+
+@functools.cache
+def collective_latency_fixed_point(iterations: int = 60) -> float:
+    """The alpha that the o_proj fit returns when the model already charges it on every MoE call (s).
+
+    ``sim.timing.COLLECTIVE_LATENCY_S`` is this value rounded; the iteration contracts (k changes by a few
+    percent with alpha).
+    """
+    a = COLLECTIVE_LATENCY_S
+    for _ in range(iterations):
+        a = fitted_collective_latency_s(a)
+    return a
 
 
 def module_tpot_check() -> list[tuple[str, float, float]]:

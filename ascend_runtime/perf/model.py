@@ -22,12 +22,15 @@ Per-module degrees (``StageShape.modules``, :mod:`ascend_runtime.planner.modules
 overlap (``StageShape.micro_batching``) enter each step as (raw = uncalibrated seconds, k as above):
 
     step        = k * (1 ms + C + M)                       C = dense + experts + dW / HBM_bw,  M = all2all + sum_coll
-    step (mb)   = k * (1 ms + max(C + W / HBM_bw, M + 2 L_moe alpha))   both micro-batches read the weights
+    step (mb)   = k * (1 ms + max(C + W / HBM_bw, M + 2 L_moe alpha))   both micro-batches read the weights,
+                                                           the second adds its dispatch + combine calls
+    all2all     = the timing model's: bytes over the links + 2 L_moe alpha (one dispatch, one combine per MoE layer)
     dW          = weight bytes read per step with the module degrees - without them (o_proj, dense FFN,
                   LM head, shared expert; the embedding is a lookup, not read whole)
     sum_coll    = sum over the modules' collectives of count * (alpha + t_bytes)
     t_bytes     = max(per-peer bytes / intra-node link, remote peers x per-peer bytes / inter-node link)
-    alpha       = collective_latency_s() (fitted on the release's measured o_proj row, perf/fit.py)
+    alpha       = collective_latency_s() = sim.timing.COLLECTIVE_LATENCY_S (fixed point of the fit on the
+                  release's measured o_proj row, perf/fit.py)
 """
 
 from __future__ import annotations
@@ -42,7 +45,14 @@ from ascend_runtime.config.model import ModelShape
 from ascend_runtime.planner.modules import ModuleDegrees, module_collectives, module_weight_bytes, weight_delta_bytes
 from ascend_runtime.sim.capacity import kv_capacity_tokens
 from ascend_runtime.sim.config import HARDWARE, ROLE_DEFAULTS, SimConfig
-from ascend_runtime.sim.timing import BORROWED, REFERENCE_DECODE_CONTEXT, REFERENCES, STEP_OVERHEAD_S, TimingModel
+from ascend_runtime.sim.timing import (
+    BORROWED,
+    COLLECTIVE_LATENCY_S,
+    REFERENCE_DECODE_CONTEXT,
+    REFERENCES,
+    STEP_OVERHEAD_S,
+    TimingModel,
+)
 
 #: Mean decode context of the published "2K in + 2K out" points (tokens).
 REFERENCE_CONTEXT = REFERENCE_DECODE_CONTEXT
@@ -114,10 +124,9 @@ def default_imbalance(shape: StageShape) -> float:
 
 
 def collective_latency_s() -> float:
-    """alpha: seconds per collective call beyond its bytes (fitted in :mod:`ascend_runtime.perf.fit`)."""
-    from ascend_runtime.perf.fit import fitted_collective_latency_s  # noqa: PLC0415
-
-    return fitted_collective_latency_s()
+    """alpha: seconds per collective call beyond its bytes (``sim.timing.COLLECTIVE_LATENCY_S``, the fixed
+    point of the fit on the release's o_proj row in :mod:`ascend_runtime.perf.fit`)."""
+    return COLLECTIVE_LATENCY_S
 
 
 def _group_seconds_per_peer_byte(tm: TimingModel, tp: int, n: int) -> tuple[float, int, int]:

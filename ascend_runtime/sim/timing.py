@@ -15,7 +15,9 @@ with, per NPU (bytes, FLOP, bytes/s, FLOP/s from the hardware profile):
 - attention = decode: max(KV bytes read, MLA absorbed FLOPs), prefill: causal FLOPs
 - experts   = active slots * expert bytes / HBM bw + rank load * 2 * expert params / FLOPS
 - all2all   = max(rank receive, rank send) * hidden * 3 B (int8 dispatch + bf16 combine)
-              at the mix of intra-node and inter-node bandwidth of an EP rank's peers
+              at the mix of intra-node and inter-node bandwidth of an EP rank's peers,
+              plus 2 * alpha per MoE layer: the dispatch and the combine are each one
+              collective call with a fixed latency alpha (``COLLECTIVE_LATENCY_S``)
 
 The maxima over EP ranks are where expert placement enters: a skewed placement
 raises the max rank load, hence the step. ``k`` is solved so that the published
@@ -40,6 +42,13 @@ from ascend_runtime.sim.config import (
 
 #: Fixed per-step cost (scheduling, launch, sampling), seconds before calibration.
 STEP_OVERHEAD_S = 1e-3
+#: alpha: seconds one collective call costs beyond its bytes (launch + synchronisation of the group).
+#: It is the value the performance model fits on vLLM-Ascend's own measured fine-grained TP table
+#: (v0.23.0 docs/source/user_guide/feature_guide/Fine_grained_TP.md, o_proj row: +1.5 ms TPOT on A2
+#: decode DP32 at batch 24; ``ascend_runtime.perf.fit.fitted_collective_latency_s``). The fit depends on
+#: the calibration, which depends on alpha: this constant is that fixed point, and
+#: tests/perf/test_modules_and_fit.py checks that refitting reproduces it.
+COLLECTIVE_LATENCY_S = 48.4e-6
 #: Mean context of the "2K in + 2K out" decode reference (input + half the output).
 REFERENCE_DECODE_CONTEXT = 2048 + 1024
 
@@ -125,8 +134,10 @@ class StepTime:
 class TimingModel:
     """Step-time model of one instance shape; ``step(batches, rank_load, active_slots)``."""
 
-    def __init__(self, cfg: SimConfig, scale: float | None = None, hw: HardwareProfile | None = None) -> None:
-        """``hw`` overrides the hardware profile (default: the catalogue's, ``cfg.profile``)."""
+    def __init__(self, cfg: SimConfig, scale: float | None = None, hw: HardwareProfile | None = None,
+                 collective_latency_s: float = COLLECTIVE_LATENCY_S) -> None:
+        """``hw`` overrides the hardware profile (default: the catalogue's, ``cfg.profile``);
+        ``collective_latency_s`` is alpha (s per collective call)."""
         cfg = cfg if cfg.ep else cfg.resolved()
         self.cfg = cfg
         self.shape: ModelShape = cfg.model_shape()
@@ -155,6 +166,9 @@ class TimingModel:
             remote = self.ep - 1 - local
             per_byte = (local / hw.intra_node_bandwidth + remote / hw.inter_node_bandwidth) / (self.ep - 1)
         self.c_a2a = m.hidden_size * 3.0 * per_byte  # s per token-expert assignment crossing the EP group
+        self.alpha = collective_latency_s
+        #: s per step of the MoE calls' fixed latency: a dispatch and a combine per MoE layer
+        self.t_moe_calls = 2.0 * self.moe_layers * collective_latency_s if self.ep > 1 else 0.0
         self.scale = scale if scale is not None else calibration_scale(cfg.hardware, cfg.role, cfg.mtp)
 
     def dense_time(self, b: RankBatch) -> float:
@@ -201,6 +215,7 @@ class TimingModel:
         if self.moe_layers > L:
             experts *= self.moe_layers / L
             a2a *= self.moe_layers / L
+        a2a += self.t_moe_calls
         mean = float(rank_load.sum()) / rank_load.shape[1]
         mx = float(load_max.sum())
         imbalance = mx / mean if mean > 0 else 1.0

@@ -83,3 +83,26 @@ def test_kv_bytes_and_transfer_time_from_model_shape_and_link() -> None:
 def test_tpot_slo_below_the_step_floor_gives_no_batch() -> None:
     s = pm.reference_shape(CM, "decode")
     assert pm.max_decode_batch(s, CTX, 0.005) == 0
+
+
+def test_every_moe_layer_pays_two_collective_calls_and_single_npu_ep_pays_none() -> None:
+    import numpy as np
+
+    cfg = reference_config(A2, "decode")
+    with_alpha = TimingModel(cfg, scale=1.0)
+    without = TimingModel(cfg, scale=1.0, collective_latency_s=0.0)
+    L = with_alpha.shape.num_moe_layers
+    load = np.full((L, with_alpha.ep), 8.0)
+    active = np.ones((L, with_alpha.ep))
+    one = np.ones(cfg.dp)
+    a = with_alpha.step_ranks(one, one * 3072, 0 * one, 0 * one, load, active)
+    b = without.step_ranks(one, one * 3072, 0 * one, 0 * one, load, active)
+    # dispatch + combine per MoE layer, whatever the batch: the fixed cost a small batch cannot avoid
+    assert a.all2all - b.all2all == pytest.approx(2 * L * with_alpha.alpha, rel=1e-9)
+    assert a.dense == b.dense and a.experts == b.experts
+    # an instance without expert parallelism makes no dispatch/combine calls
+    from ascend_runtime.sim.config import SimConfig
+
+    solo = SimConfig(role="decode", instance="solo", hardware=A2, npus=1, dp=1, tp=1, ep=1).resolved()
+    assert TimingModel(solo, scale=1.0).t_moe_calls == 0.0
+    assert with_alpha.t_moe_calls > 0.0
