@@ -113,29 +113,43 @@ class GroupMover:
         """Groups running the prefill shape now."""
         return sum(1 for r in self.layout.values() if r == "prefill")
 
-    def plan_moves(self, prefill_groups: int) -> list[tuple[FlexGroup, str]]:
-        """The fewest group moves reaching ``prefill_groups`` prefill groups (last groups first to decode)."""
-        moves: list[tuple[FlexGroup, str]] = []
+    def plan_moves(self, prefill_groups: int, busy: dict[str, float] | None = None) -> list[tuple[FlexGroup, str]]:
+        """The fewest group moves reaching ``prefill_groups`` prefill groups.
+
+        ``busy`` (instance name -> in-flight requests, summed over the proxy replicas): the groups with
+        the least in-flight work on their running instances move (a decode group's streams are each
+        re-prefilled elsewhere or waited for; fewer of them, a shorter and cheaper drain). Ties, and
+        no ``busy``: the Plan's order (first groups first to prefill, last groups first to decode).
+        """
         have = self.prefill_groups()
+        if prefill_groups == have:
+            return []
+        src, to = ("decode", "prefill") if prefill_groups > have else ("prefill", "decode")
         order = list(self.groups.values())
-        if prefill_groups > have:
-            for g in order:
-                if len(moves) == prefill_groups - have:
-                    break
-                if self.layout[g.name] == "decode":
-                    moves.append((g, "prefill"))
-        elif prefill_groups < have:
-            for g in reversed(order):
-                if len(moves) == have - prefill_groups:
-                    break
-                if self.layout[g.name] == "prefill":
-                    moves.append((g, "decode"))
-        return moves
+        if to == "decode":
+            order.reverse()
+        load = lambda g: sum((busy or {}).get(n, 0.0) for n in g.shape(src))  # noqa: E731
+        candidates = sorted((g for g in order if self.layout[g.name] == src), key=load)  # stable: ties keep the order
+        return [(g, to) for g in candidates[: abs(prefill_groups - have)]]
+
+    async def busy(self) -> dict[str, float]:
+        """In-flight requests per instance over every proxy replica ({} when no listing answers)."""
+        out: dict[str, float] = {}
+        try:
+            for url in await self.proxy.replicas():
+                for name, snap in (await self.proxy.listing(url)).items():
+                    if isinstance(snap, dict):
+                        out[name] = out.get(name, 0.0) + float(snap.get("inflight") or 0)
+        except (ProxyError, aiohttp.ClientError) as exc:
+            log.warning("reading the proxies' in-flight counts failed (%s); moving groups in Plan order", exc)
+            return {}
+        return out
 
     async def apply(self, prefill_groups: int) -> list[MoveResult]:
         """Move groups until ``prefill_groups`` serve prefill; the groups of one decision move at once
-        (each is surplus in the stage it leaves, and each drains on its own)."""
-        return list(await asyncio.gather(*(self.move(g, r) for g, r in self.plan_moves(prefill_groups))))
+        (each is surplus in the stage it leaves, and each drains on its own), least busy first."""
+        moves = self.plan_moves(prefill_groups, await self.busy())
+        return list(await asyncio.gather(*(self.move(g, r) for g, r in moves)))
 
     async def _all_replicas(self, call: Callable[[str], Any]) -> None:
         urls = await self.proxy.replicas()

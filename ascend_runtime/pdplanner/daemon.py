@@ -13,7 +13,9 @@ With flexible node groups (``pd_ratio: auto``, a :class:`GroupPool`) the decisio
 ``dry_run``, a :class:`~ascend_runtime.pdplanner.actuate.GroupMover` carries it out in the
 background (drain, restart in the other shape, re-register); cycles during a move decide nothing
 (reason ``acting``). Prompt lengths come from the prefill engines' ``/metrics``
-(``engine_urls``; observe.py).
+(``engine_urls``; observe.py). The prefill in-flight count and its change over the interval reach
+the decision as the backlog and its measured growth (``Load.backlog``, ``Load.backlog_growth``);
+after a completed move ``PlannerConfig.move_s`` becomes its measured drain + restart.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +142,9 @@ class PDPlanner:
         self.groups, self.mover, self.engine_urls = groups, mover, engine_urls
         self.current_k = mover.prefill_groups() if mover is not None else 0
         self.move_task: asyncio.Task[Any] | None = None
-        self.config, self.pool, self.slo, self.planner = config, pool, slo, planner
+        # the one-interval projection of the overwhelming-evidence rule runs on the daemon's own interval
+        self.config, self.pool, self.slo = config, pool, slo
+        self.planner = replace(planner, interval_s=config.interval_s)
         self.current = current
         self.clock = clock
         self.state = PlannerState()
@@ -150,6 +154,7 @@ class PDPlanner:
         self.prompt = HoltForecaster(config.alpha, 0.0, floor=1.0)
         self.output = HoltForecaster(config.alpha, 0.0, floor=1.0)
         self.previous: Snapshot | None = None
+        self.previous_queue: float | None = None  # prefill in-flight at the last scrape (requests)
         self.history: list[dict[str, Any]] = []
 
     def _export_observation(self, obs: Observation) -> None:
@@ -176,13 +181,17 @@ class PDPlanner:
                 self.prompt.update(obs.prompt_tokens)
             if obs.output_tokens is not None:
                 self.output.update(obs.output_tokens)
+            queue = obs.queue_depth or 0.0
+            growth = (queue - self.previous_queue) / obs.interval_s if (
+                obs.queue_depth is not None and self.previous_queue is not None) else None
             load = Load(self.rate.forecast() or 0.0, self.prompt.forecast() or self.config.default_prompt_tokens,
-                        self.output.forecast() or self.config.default_output_tokens)
+                        self.output.forecast() or self.config.default_output_tokens, queue, growth)
             record.update(observation=obs, load=load)
             for series, value in (("arrival_rate", load.arrival_rate), ("prompt_tokens", load.prompt_tokens),
                                   ("output_tokens", load.output_tokens)):
                 self.metrics.forecast.labels(series).set(value)
         self.previous = snapshot
+        self.previous_queue = snapshot.inflight.get("prefill")
         if self.groups is not None:
             if self.mover is not None:
                 self.current_k = self.mover.prefill_groups()
@@ -270,10 +279,14 @@ class PDPlanner:
     async def _move(self, prefill_groups: int) -> None:
         """Carry a decision out; a failed or abandoned move is logged and counted, the split stays."""
         try:
-            for result in await self.mover.apply(prefill_groups):
+            results = await self.mover.apply(prefill_groups)
+            for result in results:
                 self.metrics.moves.labels(result.to_role, "ok" if result.ok else "abandoned").inc()
                 self.metrics.move_seconds.labels("drain").set(result.drain_s)
                 self.metrics.move_seconds.labels("restart").set(result.restart_s)
+            took = [r.drain_s + r.restart_s for r in results if r.ok]
+            if took:  # the backlog projection uses how long a move really takes here
+                self.planner = replace(self.planner, move_s=max(took))
         except Exception:  # noqa: BLE001 - the daemon keeps planning; the traceback is in the log
             log.exception("moving flexible groups to %d prefill groups failed", prefill_groups)
         self.current_k = self.mover.prefill_groups()

@@ -17,6 +17,12 @@ pool's split maximising min(p / need_p, d / need_d) is taken (reason ``pool_exha
 A change is wanted only outside the margin band (up: ceil(need / (1 + margin)) > current;
 down: ceil(need * (1 + margin)) < current), for ``k_intervals`` consecutive intervals in the
 same direction (else ``hysteresis``), and at most ``max_changes_per_hour`` (else ``rate_limited``).
+
+The group split (:func:`decide_split`) adds three change rules (docs/pd-planner.md, "Change rules"):
+the measured prefill backlog is sized into need_p (:func:`with_backlog`), a move to prefill skips the
+streak when the TTFT projected one interval ahead is ``evidence_factor`` x the SLO on both the forecast
+and the measured backlog growth (:func:`overwhelming`), and groups moved with a backlog term return
+to decode once it is cleared (reason ``backlog_cleared``).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from ascend_runtime.perf import model as pm
 
 #: Every reason a decision can carry (the ``reason`` label of the planner's metrics).
 REASONS = ("slo_ttft", "slo_tpot", "scale_down", "idle", "steady", "hysteresis", "rate_limited", "pool_exhausted",
-           "slo_unattainable", "no_data", "acting")
+           "slo_unattainable", "no_data", "acting", "backlog_cleared")
 
 
 @dataclass(frozen=True)
@@ -66,11 +72,18 @@ class Slo:
 
 @dataclass(frozen=True)
 class Load:
-    """Forecast of the next interval: requests/s, mean prompt and output tokens per request."""
+    """Forecast of the next interval: requests/s, mean prompt and output tokens per request.
+
+    ``backlog``: requests waiting for (or in) prefill at the end of the last interval, as measured
+    (the proxy's ``inflight{role="prefill"}``); ``backlog_growth``: its measured change over that
+    interval in requests/s (None: not measured). Both 0 / None leave the decision to the rate alone.
+    """
 
     arrival_rate: float
     prompt_tokens: float
     output_tokens: float
+    backlog: float = 0.0
+    backlog_growth: float | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,15 @@ class PlannerConfig:
     idle_rate: float = 0.01  # requests/s below which the load counts as idle
     min_instances: int = 1
     mtp_acceptance: float = 0.9
+    #: seconds from a decision until the moved groups serve (drain + restart + weight load)
+    move_s: float = 300.0
+    #: seconds within which the prefill backlog projected at ``move_s`` is to be cleared
+    drain_s: float = 120.0
+    #: act on one interval (no K streak) when the TTFT projected one interval ahead is at least this many
+    #: times the SLO on both the forecast and the measured backlog growth (0: never)
+    evidence_factor: float = 3.0
+    #: seconds between decisions (the horizon of the one-interval projection)
+    interval_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +115,9 @@ class PlannerState:
     streak: int = 0
     direction: tuple[int, int] = (0, 0)
     change_times: tuple[float, ...] = field(default_factory=tuple)
+    #: groups the last change moved to prefill sized with a backlog term (those the steady need does not
+    #: keep return to decode once the backlog is cleared)
+    surge: int = 0
 
 
 @dataclass(frozen=True)
@@ -107,6 +132,8 @@ class Requirement:
     ttft_floor_s: float
     decode_batch: int
     decode_tpot_s: float
+    #: prefill instances (included in ``need_p``) that clear the projected backlog within ``drain_s``
+    backlog_p: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -153,6 +180,56 @@ def requirement(load: Load, pool: Pool, slo: Slo, cfg: PlannerConfig) -> Require
         tpot = pm.decode_tpot_s(sd, b, ctx, cfg.mtp_acceptance)
         need_d = lam * O * tpot / (sd.dp * b * cfg.rho_max)
     return Requirement(need_p, need_d, n, T, cap, floor, b, tpot)
+
+
+def with_backlog(req: Requirement, load: Load, current_p: int, cfg: PlannerConfig) -> Requirement:
+    """``req`` with the prefill instances that clear the measured backlog added to ``need_p``.
+
+    A move serves ``move_s`` after the decision; until then the ``current_p`` instances serve
+    C = current_p * prefill_capacity requests/s, so the backlog then is
+    Q_R = max(0, backlog + (lambda - C) * move_s) requests. Clearing it within ``drain_s`` on top
+    of the arrivals takes Q_R / (drain_s * prefill_capacity) more instances (at full rate: the
+    backlog is work already waiting). Every request behind that backlog waits longer than the
+    TTFT SLO, so sizing for the steady rate alone leaves the queue to drain on the spare
+    1 - rho_max only. No backlog, or one the current instances clear by then: ``req`` unchanged.
+    """
+    if load.backlog <= 0 or req.prefill_capacity <= 0 or not math.isfinite(req.need_p) or cfg.drain_s <= 0:
+        return req
+    C = current_p * req.prefill_capacity
+    q_ready = max(0.0, load.backlog + (load.arrival_rate - C) * cfg.move_s)
+    extra = q_ready / (cfg.drain_s * req.prefill_capacity)
+    return replace(req, need_p=req.need_p + extra, backlog_p=extra) if extra > 0 else req
+
+
+def projected_ttft(req: Requirement, load: Load, current_p: int, interval_s: float) -> tuple[float, float]:
+    """TTFT (s) of a request arriving one interval from now if nothing moves: (on the forecast, on the
+    measured backlog growth). The backlog grows by (lambda - C) per second on the forecast and by
+    ``backlog_growth`` as measured; a request waits backlog / C, plus the modelled floor. inf: no
+    prefill capacity; the measured one is 0 when no growth was measured."""
+    C = current_p * req.prefill_capacity
+    if C <= 0:
+        return math.inf, math.inf
+    on_forecast = req.ttft_floor_s + max(0.0, load.backlog + (load.arrival_rate - C) * interval_s) / C
+    if load.backlog_growth is None:
+        return on_forecast, 0.0
+    measured = req.ttft_floor_s + max(0.0, load.backlog + load.backlog_growth * interval_s) / C
+    return on_forecast, measured
+
+
+def overwhelming(req: Requirement, load: Load, current_p: int, slo: Slo, cfg: PlannerConfig) -> str:
+    """Why the evidence for growing prefill is overwhelming ("" if it is not): the TTFT projected one
+    interval ahead is at least ``evidence_factor`` x the SLO both on the forecast and on the measured
+    backlog growth (which must be positive: the queue is really growing). Noise moves one of the two,
+    rarely both by that much; a real step moves both, and each interval waited adds
+    (lambda - C) x interval requests that all miss the SLO."""
+    if cfg.evidence_factor <= 0 or load.backlog_growth is None or load.backlog_growth <= 0:
+        return ""
+    f, m = projected_ttft(req, load, current_p, cfg.interval_s)
+    limit = cfg.evidence_factor * slo.ttft_s
+    if f >= limit and m >= limit:
+        return (f"overwhelming: projected TTFT {f:.0f} s (forecast) and {m:.0f} s (measured backlog growth "
+                f"{load.backlog_growth:.1f} req/s) >= {cfg.evidence_factor:g} x SLO {slo.ttft_s:g} s")
+    return ""
 
 
 def _pool_split(pool: Pool, need_p: float, need_d: float, lo: int) -> tuple[int, int]:
@@ -304,36 +381,79 @@ def decide_split(load: Load | None, current_k: int, pool: GroupPool, slo: Slo, c
     req = requirement(load, pool.as_pool(), slo, cfg)
     if load.arrival_rate < cfg.idle_rate:
         return keep("idle", reset, "no load: the split is kept", req)
+    steady_req, req = req, with_backlog(req, load, cur[0], cfg)
     if not (math.isfinite(req.need_p) and math.isfinite(req.need_d)):
         which = "TTFT" if not math.isfinite(req.need_p) else "TPOT"
         return keep("slo_unattainable", reset, f"the {which} SLO cannot be met by this instance shape at any load", req)
     ks = pool.feasible() or [current_k]
-    enough = [k for k in ks if headroom(pool, k, req) >= 1 + cfg.margin]
-    if enough:  # the fewest groups moved that give both stages the margin (then the most headroom)
-        best = min(enough, key=lambda k: (abs(k - current_k), -headroom(pool, k, req)))
-    else:  # the pool is short whatever the split: the most headroom
-        best = max(ks, key=lambda k: (headroom(pool, k, req), -abs(k - current_k)))
+    best = _target(pool, ks, current_k, req, cfg)
     h_cur, h_best = headroom(pool, current_k, req), headroom(pool, best, req)
     opt = pool.counts(best)
     detail = (f"headroom {h_cur:.2f} with {current_k} prefill groups, {h_best:.2f} with {best} "
-              f"(need {req.need_p:.2f}P + {req.need_d:.2f}D)")
+              f"(need {req.need_p:.2f}P + {req.need_d:.2f}D"
+              + (f", of which {req.backlog_p:.2f}P clear a backlog of {load.backlog:.0f}" if req.backlog_p else "") + ")")
+    surge = 0
     if best == current_k or h_cur >= 1 + cfg.margin or h_best <= h_cur * (1 + cfg.margin):
-        if best == current_k:
-            reason = "pool_exhausted" if h_cur < 1 else "steady"
-        else:
-            reason = "steady" if h_cur >= 1 + cfg.margin else ("pool_exhausted" if h_best < 1 else "hysteresis")
-        return keep(reason, reset, detail, req, opt)
-    base = "slo_ttft" if best > current_k else "slo_tpot"
-    if h_best < 1:
-        base = "pool_exhausted"
+        back = _release(pool, ks, current_k, steady_req, load, slo, cfg, state)
+        if back is None:
+            if best == current_k:
+                reason = "pool_exhausted" if h_cur < 1 else "steady"
+            else:
+                reason = "steady" if h_cur >= 1 + cfg.margin else ("pool_exhausted" if h_best < 1 else "hysteresis")
+            return keep(reason, replace(reset, surge=state.surge), detail, req, opt)
+        best, base, req = back, "backlog_cleared", steady_req
+        opt = pool.counts(best)
+        detail = (f"backlog cleared: {current_k - best} of the {state.surge} group(s) moved to prefill with it return to "
+                  f"decode; headroom {headroom(pool, best, req):.2f} with {best} prefill groups "
+                  f"(need {req.need_p:.2f}P + {req.need_d:.2f}D)")
+    else:
+        base = "slo_ttft" if best > current_k else "slo_tpot"
+        if h_best < 1:
+            base = "pool_exhausted"
+        if best > current_k and req.backlog_p > 0:  # a move sized with the backlog: returnable once it is cleared
+            surge = best - current_k
     direction = (1 if best > current_k else -1, -1 if best > current_k else 1)
     streak = state.streak + 1 if direction == state.direction else 1
-    if streak < cfg.k_intervals:
+    urgent = overwhelming(req, load, cur[0], slo, cfg) if best > current_k else ""
+    if streak < cfg.k_intervals and not urgent:
         return keep("hysteresis", replace(state, streak=streak, direction=direction),
                     f"{base} wanted for {streak} of {cfg.k_intervals} intervals; {detail}", req, opt)
+    if urgent:
+        detail = f"{urgent}; {detail}"
     recent = tuple(t for t in state.change_times if now - t < 3600.0)
     if len(recent) >= cfg.max_changes_per_hour:
-        return keep("rate_limited", PlannerState(streak, direction, recent),
+        return keep("rate_limited", PlannerState(streak, direction, recent, state.surge),
                     f"{base} held: {len(recent)} changes in the last hour (limit {cfg.max_changes_per_hour}); {detail}",
                     req, opt)
-    return Decision(opt[0], opt[1], base, True, opt, req, PlannerState(0, (0, 0), recent + (now,)), detail, best)
+    return Decision(opt[0], opt[1], base, True, opt, req, PlannerState(0, (0, 0), recent + (now,), surge), detail, best)
+
+
+def _target(pool: GroupPool, ks: list[int], current_k: int, req: Requirement, cfg: PlannerConfig) -> int:
+    """The split nearest ``current_k`` whose headroom is at least 1 + margin (then the most headroom);
+    if none is, the split with the most headroom (then the nearest)."""
+    enough = [k for k in ks if headroom(pool, k, req) >= 1 + cfg.margin]
+    if enough:
+        return min(enough, key=lambda k: (abs(k - current_k), -headroom(pool, k, req)))
+    return max(ks, key=lambda k: (headroom(pool, k, req), -abs(k - current_k)))
+
+
+def _release(pool: GroupPool, ks: list[int], current_k: int, steady: Requirement, load: Load, slo: Slo,
+             cfg: PlannerConfig, state: PlannerState) -> int | None:
+    """Prefill groups to keep once the backlog a surge was for is cleared (None: keep the split).
+
+    Cleared: the measured backlog waits within the TTFT SLO now (floor + backlog / C <= SLO). Then the
+    fewest prefill groups, down to the split before that move (``current_k - surge``), whose headroom
+    on the steady requirement (no backlog term, today's forecast) is still at least 1 + margin and
+    whose TTFT projected one interval ahead is within the SLO; None if even returning one group
+    would break either.
+    """
+    if state.surge <= 0:
+        return None
+    C = pool.counts(current_k)[0] * steady.prefill_capacity
+    if C <= 0 or steady.ttft_floor_s + load.backlog / C > slo.ttft_s:
+        return None
+    for k in range(current_k - state.surge, current_k):
+        if (k in ks and headroom(pool, k, steady) >= 1 + cfg.margin
+                and projected_ttft(steady, load, pool.counts(k)[0], cfg.interval_s)[0] <= slo.ttft_s):
+            return k
+    return None
