@@ -156,10 +156,26 @@ def similar_windows(history: np.ndarray, tolerance: float = 2.0) -> np.ndarray:
     return mask
 
 
-def similar_windows_forecast(history: np.ndarray, tolerance: float = 2.0) -> np.ndarray:
-    """Forecast ``[L, E]`` (tokens at the last window's layer totals): per layer, the mean share
-    of the windows :func:`similar_windows` keeps."""
+def similar_windows_std(history: np.ndarray, tolerance: float = 2.0, mask: np.ndarray | None = None) -> np.ndarray:
+    """Spread ``[L, E]`` (tokens at the last window's layer totals) of each expert's share over the
+    windows :func:`similar_windows` keeps (sample std, ddof 1; 0 where a layer keeps one window).
+
+    The forecast uncertainty *inside the current regime*: after a switch, the std over every window
+    measures the distance between regimes, and hedging replicas by it sizes them for the regime
+    that has ended. ``mask [W, L]``: :func:`similar_windows` if already computed."""
     history = np.asarray(history, dtype=np.float64)
     share, totals = _shares(history)
-    mask = similar_windows(history, tolerance)[:, :, None]
+    mask = (similar_windows(history, tolerance) if mask is None else mask)[:, :, None].astype(np.float64)
+    k = mask.sum(axis=0)
+    mean = (share * mask).sum(axis=0) / k
+    var = (((share - mean) ** 2) * mask).sum(axis=0) / np.maximum(k - 1.0, 1.0)
+    return np.sqrt(var) * totals[-1]
+
+
+def similar_windows_forecast(history: np.ndarray, tolerance: float = 2.0, mask: np.ndarray | None = None) -> np.ndarray:
+    """Forecast ``[L, E]`` (tokens at the last window's layer totals): per layer, the mean share
+    of the windows :func:`similar_windows` keeps (``mask [W, L]`` if already computed)."""
+    history = np.asarray(history, dtype=np.float64)
+    share, totals = _shares(history)
+    mask = (similar_windows(history, tolerance) if mask is None else mask)[:, :, None]
     return (share * mask).sum(axis=0) / mask.sum(axis=0) * totals[-1]

@@ -60,7 +60,19 @@ class PlacementConfig:
     #: "similar" (mean of the windows within sampling noise of the last one)
     history_rules: tuple[str, ...] = ("shrink", "similar")
     history_hedges: tuple[float, ...] = (0.0, 0.674)  # std (over windows) multiples when sizing replicas
-    baseline_candidates: tuple[str, ...] = ("greedy", "greedy_decay")  # EPLB greedy on the last / decayed windows
+    #: the history candidates as ``(rule, hedge)`` pairs; None = every rule above with every hedge.
+    #: The default drops the all-window average (``similar`` keeps every window when load is
+    #: stable) and the hedged decays: fewer candidates, less winner's curse on 4 held-out windows
+    history_candidates: tuple[tuple, ...] | None = (
+        ("similar", 0.0), ("similar", 0.674), ("shrink", 0.0), ("shrink", 0.674), (1.0, 0.0), (0.5, 0.0)
+    )
+    #: the std the hedges multiply: "similar" = spread over the windows like the last one (the
+    #: uncertainty inside the current regime), "all" = spread over every window
+    hedge_std: str = "similar"
+    #: EPLB greedy on the last / decayed windows as candidates ("greedy", "greedy_decay"); off by
+    #: default: our planner on the same forecasts (1.0 and 0.5) covers them, and their trials were
+    #: the slowest part of planning at 144x2
+    baseline_candidates: tuple[str, ...] = ()
     baseline_decay: float = 0.5  # newest-window weight of "greedy_decay"
     holdout_windows: int = 4
     #: the history candidate kept unless another beats it on the held-out windows by
@@ -71,7 +83,7 @@ class PlacementConfig:
     #: (with 2 slots per rank the critical rank has 2 replicas to swap; it measured no gain there)
     robust_rounds: int = 60
     robust_min_slots: int = 3
-    trial_layers: int = 30  # layers (evenly spaced) the trials are scored on: one choice serves every layer
+    trial_layers: int = 0  # layers (evenly spaced) the trials are scored on; 0 = all (30 cost 0.1-0.3% mean)
     evidence: float = 2.0  # standard errors by which a candidate must beat the unhedged plan on the holdout
     max_swap_rounds: int = 400  # cap on local-search rounds per batch
     trial_swap_rounds: int = 0  # local-search rounds of the holdout trials (they only rank hedges)
@@ -149,16 +161,22 @@ def pack_rounds(ids: np.ndarray, w: np.ndarray, ranks: int, slots: int) -> np.nd
     """Round-robin LPT: ``slots`` rounds; each deals the next ``ranks`` heaviest items,
     heaviest to the currently lightest rank. ``[B, P]`` -> ids ``[B, R, S]`` (duplicates possible)."""
     rows, total = ids.shape
-    order = np.argsort(-w, axis=1, kind="stable")
+    order = np.argsort(-w, axis=1)
     ws = np.take_along_axis(w, order, axis=1).reshape(rows, slots, ranks)
     es = np.take_along_axis(ids, order, axis=1).reshape(rows, slots, ranks)
     out = np.empty((rows, ranks, slots), dtype=np.int64)
-    loads = np.zeros((rows, ranks))
-    row = np.arange(rows)[:, None]
-    for s in range(slots):
-        dest = np.argsort(loads, axis=1, kind="stable")  # lightest first
-        out[row, dest, s] = es[:, s]
-        loads[row, dest] += ws[:, s]
+    # round 0 deals to empty ranks in order; its loads are then sorted heaviest first, so round 1's
+    # lightest-first order is the reverse (equal loads in either order); later rounds sort
+    out[:, :, 0] = es[:, 0]
+    if slots > 1:
+        out[:, :, 1] = es[:, 1, ::-1]
+    if slots > 2:
+        loads = ws[:, 0] + ws[:, 1, ::-1]
+        row = np.arange(rows)[:, None]
+        for s in range(2, slots):
+            dest = np.argsort(loads, axis=1, kind="stable")  # lightest first
+            out[row, dest, s] = es[:, s]
+            loads[row, dest] += ws[:, s]
     return out
 
 
@@ -229,10 +247,37 @@ def refine_swaps(
     return ids
 
 
+def _repair_pairs(ids: np.ndarray) -> None:
+    """In place, 2 slots per rank: a rank holding one expert twice swaps its second slot with the
+    second slot of a neighbouring rank (the one before, else after) when that creates no duplicate;
+    one such swap per row and pass, vectorised. What remains goes to the general repair."""
+    rows, ranks, _ = ids.shape
+    for _ in range(4):
+        dup = ids[:, :, 0] == ids[:, :, 1]  # [B, R]
+        bad = np.nonzero(dup.any(axis=1))[0]
+        if bad.size == 0 or ranks < 2:
+            return
+        r = dup[bad].argmax(axis=1)
+        done = np.zeros(bad.size, dtype=bool)
+        for step in (-1, 1):
+            q = r + step
+            ok = ~done & (q >= 0) & (q < ranks)
+            qc = np.clip(q, 0, ranks - 1)
+            x, y = ids[bad, r, 1], ids[bad, qc, 1]
+            ok &= (ids[bad, qc, 0] != x) & (ids[bad, r, 0] != y) & (x != y)
+            rb, rr, qq = bad[ok], r[ok], qc[ok]
+            ids[rb, rr, 1], ids[rb, qq, 1] = ids[rb, qq, 1], ids[rb, rr, 1]
+            done |= ok
+        if not done.any():
+            return
+
+
 def repair_duplicates(ids: np.ndarray) -> np.ndarray:
     """Remove same-expert duplicates on a rank by swapping with another rank (rare)."""
     ids = ids.copy()
     rows, ranks, slots = ids.shape
+    if slots == 2:
+        _repair_pairs(ids)
     srt = np.sort(ids, axis=2)
     bad_rows = np.nonzero((srt[:, :, 1:] == srt[:, :, :-1]).any(axis=(1, 2)))[0] if slots > 1 else []
     for b in bad_rows:
@@ -454,16 +499,18 @@ def _solve(
     hier = bool(groups and nodes and nodes > 1)
     sub_w, sub_h, maps = [], [], []
     problems = [(p[0], p[1], p[2] if len(p) > 2 else [p[0]] * len(p[1])) for p in problems]
-    for load, hedged, packw in problems:
+    if hier:  # every problem's group -> node assignment in one batch
+        all_nodes = _pack_groups(np.concatenate([p[0] for p in problems]), groups, nodes, rounds).reshape(len(problems), layers, -1)
+    for i_p, (load, hedged, packw) in enumerate(problems):
         if not hier:
             sub_w.extend(packw)
             sub_h.extend(hedged)
             continue
-        node_of = _pack_groups(load, groups, nodes, rounds)
+        node_of = all_nodes[i_p]
         experts = _node_experts(node_of, groups, nodes, n)  # [L, N, E/N]
 
         def sub(x: np.ndarray, experts: np.ndarray = experts) -> np.ndarray:
-            return np.take_along_axis(x[:, None, :].repeat(nodes, 1), experts, axis=2).reshape(layers * nodes, -1)
+            return x[np.arange(layers)[:, None, None], experts].reshape(layers * nodes, -1)
 
         sub_w.extend(sub(w) for w in packw)
         sub_h.extend(sub(h) for h in hedged)

@@ -3,16 +3,18 @@
 Input: ``history [W, L, E]`` (observed windows, oldest first, tokens). Candidates, each a
 rule from past windows to a plan:
 
-- ``("ours", d, h)``: our planner (water filling on ``load + h * std``, LPT, swaps) on the
-  decayed share average with newest-window weight ``d`` (``d = 0``: every window equally;
-  ``d = 1``: the last window), ``std`` the spread of the shares over the windows;
-- ``("greedy", "last")`` / ``("greedy", "decay")``: DeepSeek's EPLB greedy on the last window /
-  on the decayed history — the baselines themselves, so a baseline that keeps winning on the
-  past windows is what gets used (then refined by the swap search).
+- ``("ours", rule, h)``: our planner (water filling on ``load + h * std``, LPT, swaps) on a
+  forecast rule (:func:`forecast_of`): the decayed share average with newest-window weight
+  ``rule`` (``0``: every window equally; ``1``: the last window), ``"shrink"`` or ``"similar"``;
+  ``std`` (:func:`hedge_std`) the spread of the shares over the windows like the last one
+  (default) or over every window. The default set is ``PlacementConfig.history_candidates``;
+- ``("greedy", "last")`` / ``("greedy", "decay")`` (off by default): DeepSeek's EPLB greedy on
+  the last window / on the decayed history, so a baseline that keeps winning on the past
+  windows is what gets used (then refined by the swap search).
 
 For each of the last ``holdout_windows`` windows ``t`` (with at least two windows before it),
-every candidate is planned on ``history[:t]`` (no swap search in these trials; at most
-``trial_layers`` evenly spaced layers, since one choice serves every layer) and scored by
+every candidate is planned on ``history[:t]`` (no swap search in these trials; all layers, or
+``trial_layers`` evenly spaced ones when that is set) and scored by
 its vLLM balancedness on ``history[t]`` (the quantity the balancer is judged by: one bad
 window costs what it loses, not the reciprocal). The candidate with the highest total wins
 and is planned on the whole history. Only observed
@@ -31,6 +33,7 @@ from ascend_runtime.balancer.forecast import (
     shrinkage_forecast,
     similar_windows,
     similar_windows_forecast,
+    similar_windows_std,
 )
 from ascend_runtime.balancer.measure import rank_loads
 
@@ -55,6 +58,18 @@ def _layer_balancedness(plan: np.ndarray, window: np.ndarray, ranks: int) -> np.
     """Per-layer mean / max rank load ``[L]`` of ``plan`` on ``window``."""
     loads = rank_loads(plan, window, ranks)
     return loads.mean(axis=1) / np.maximum(loads.max(axis=1), 1e-12)
+
+
+def _layer_loads(plans: np.ndarray, window: np.ndarray, ranks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-layer (mean, max) rank load ``[K, L]`` each of ``plans [K, L, P]`` on ``window [L, E]``
+    (all plans at once; a logical expert's load split evenly over its replicas)."""
+    k, layers, total = plans.shape
+    n = window.shape[1]
+    flat = plans.reshape(k * layers, total) + (np.arange(k * layers) * n)[:, None]
+    counts = np.bincount(flat.ravel(), minlength=k * layers * n).reshape(k, layers, n)
+    per = (window[None] / np.maximum(counts, 1)).reshape(k * layers, n)
+    loads = np.take_along_axis(per, plans.reshape(k * layers, total), axis=1).reshape(k, layers, ranks, -1).sum(axis=3)
+    return loads.mean(axis=2), loads.max(axis=2)
 
 
 def _decide(scores: np.ndarray, per_layer: np.ndarray, cands: list[tuple], config) -> int:
@@ -100,24 +115,40 @@ def share_std(history: np.ndarray) -> np.ndarray:
     return sd * totals[-1]
 
 
+def hedge_std(past: np.ndarray, config, mask: np.ndarray | None = None) -> np.ndarray:
+    """The std ``[L, E]`` (tokens) the hedged candidates add multiples of: ``config.hedge_std``
+    ``"similar"`` = the spread over the windows like the last one (:func:`similar_windows_std`;
+    ``mask [W, L]``: its windows if already computed), ``"all"`` = the spread over every window
+    (:func:`share_std`)."""
+    if config.hedge_std not in ("similar", "all"):
+        raise ValueError(f"hedge_std must be 'similar' or 'all', not {config.hedge_std!r}")
+    return similar_windows_std(past, mask=mask) if config.hedge_std == "similar" else share_std(past)
+
+
 def candidates(config) -> list[tuple]:
-    """Candidate names of ``config`` (``PlacementConfig``), ours first."""
-    rules = (*config.history_decays, *config.history_rules)
-    out: list[tuple] = [("ours", d, h) for d in rules for h in config.history_hedges]
+    """Candidate names of ``config`` (``PlacementConfig``), ours first: ``config.history_candidates``
+    (``(rule, hedge)`` pairs) or, when that is None, every rule of ``history_decays`` and
+    ``history_rules`` with every hedge of ``history_hedges``."""
+    if config.history_candidates is not None:
+        out: list[tuple] = [("ours", r, float(h)) for r, h in config.history_candidates]
+    else:
+        rules = (*config.history_decays, *config.history_rules)
+        out = [("ours", d, h) for d in rules for h in config.history_hedges]
     names = {"greedy": ("greedy", "last"), "greedy_decay": ("greedy", "decay")}
     out += [names[b] for b in config.baseline_candidates]
     return out
 
 
-def forecast_of(rule, past: np.ndarray) -> np.ndarray:
+def forecast_of(rule, past: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
     """Forecast ``[L, E]`` of one forecast rule on ``past [W, L, E]``: a float is the newest-window
     weight of :func:`decayed_shares`; ``"shrink"`` / ``"similar"`` are
     :func:`~ascend_runtime.balancer.forecast.shrinkage_forecast` /
-    :func:`~ascend_runtime.balancer.forecast.similar_windows_forecast`."""
+    :func:`~ascend_runtime.balancer.forecast.similar_windows_forecast` (``mask [W, L]``: its
+    windows if already computed)."""
     if rule == "shrink":
         return shrinkage_forecast(past)
     if rule == "similar":
-        return similar_windows_forecast(past)
+        return similar_windows_forecast(past, mask=mask)
     return decayed_shares(past, float(rule))
 
 
@@ -154,7 +185,7 @@ def inputs(name: tuple, past: np.ndarray, config) -> tuple[np.ndarray, np.ndarra
         return load, load
     _, d, h = name
     load = forecast_of(d, past)
-    return load, load + h * share_std(past) if h else load
+    return load, load + h * hedge_std(past, config) if h else load
 
 
 def choose(history: np.ndarray, ranks: int, slots: int, groups: int | None, nodes: int | None, config) -> Choice | None:
@@ -179,19 +210,19 @@ def choose(history: np.ndarray, ranks: int, slots: int, groups: int | None, node
     problems, meta = [], []
     for t in times:
         past = history[:t]
-        sd = share_std(past) if any(c[2] for c in ours) else None
+        mask = similar_windows(past)  # shared by the "similar" rule and the hedges
+        sd = hedge_std(past, config, mask) if any(c[2] for c in ours) else None
         for d in decays:
             group = [c for c in ours if c[1] == d]
-            load = forecast_of(d, past)  # once per rule; the hedges only add std multiples
+            load = forecast_of(d, past, mask)  # once per rule; the hedges only add std multiples
             problems.append((load, [load + c[2] * sd if c[2] else load for c in group]))
             meta.append((t, group))
     solved = _solve(problems, ranks, slots, groups, nodes, config.trial_swap_rounds) if problems else []
     for (t, group), plans in zip(meta, solved):
-        obs = history[t]
-        for c, plan in zip(group, plans):
-            i = cands.index(c)
-            scores[i] -= _balancedness(plan, obs, ranks)
-            per_layer[i, times.index(t)] = _layer_balancedness(plan, obs, ranks)
+        mean, peak = _layer_loads(np.asarray(plans), history[t], ranks)  # [K, L] each
+        idx = [cands.index(c) for c in group]
+        scores[idx] -= mean.sum(axis=1) / np.maximum(peak.sum(axis=1), 1e-12)
+        per_layer[idx, times.index(t)] = mean / np.maximum(peak, 1e-12)
     greedy = [(c, t) for c in cands if c[0] == "greedy" for t in times]
     if greedy:  # one batched call: the trials' layers stacked
         layers = history.shape[1]  # the trial layers

@@ -42,7 +42,8 @@ def test_regime_switches_pick_the_last_window_and_stable_load_the_average():
     a, b = rng.gamma(0.5, 100.0, size=(2, 4, 32))
     regimes = [a, a, a, b, b, b, a, a, a]
     switching = np.stack([rng.poisson(r * 5) for r in regimes]).astype(float)
-    cfg = PlacementConfig(history_decays=(1.0, 0.0), history_rules=(), history_hedges=(0.0,), baseline_candidates=())
+    cfg = PlacementConfig(history_decays=(1.0, 0.0), history_rules=(), history_hedges=(0.0,), baseline_candidates=(),
+                          history_candidates=None)
     assert selection.choose(switching, 8, 5, None, None, cfg).name == ("ours", 1.0, 0.0)
     stable = rng.poisson(np.broadcast_to(a, (8, 4, 32)) * 5).astype(float)
     assert selection.choose(stable, 8, 5, None, None, cfg).name == ("ours", 0.0, 0.0)
@@ -51,7 +52,8 @@ def test_regime_switches_pick_the_last_window_and_stable_load_the_average():
 def test_baseline_that_keeps_winning_is_used():
     # only greedy candidates: the plan is the winning greedy input's plan, refined (valid map)
     hist = family_trace("random_walk", 6, layers=4, experts=32, seed=1)
-    cfg = PlacementConfig(history_decays=(), history_rules=(), baseline_candidates=("greedy", "greedy_decay"))
+    cfg = PlacementConfig(history_decays=(), history_rules=(), baseline_candidates=("greedy", "greedy_decay"),
+                          history_candidates=None)
     pick = selection.choose(hist, 8, 5, None, None, cfg)
     assert pick.name[0] == "greedy"
     plan = place_from_scratch(hist[-1], 8, 5, history=hist, config=cfg)
@@ -72,7 +74,7 @@ def test_held_out_scores_cover_the_new_forecast_rules():
     cfg = PlacementConfig(trial_layers=0)
     pick = selection.choose(hist, 8, 5, None, None, cfg)
     rules = {c[1] for c in pick.scores if c[0] == "ours"}
-    assert {"shrink", "similar", 1.0, 0.5, 0.0} <= rules
+    assert {"shrink", "similar", 1.0, 0.5} <= rules
     # each rule's score is its own held-out record (computed by hand as for the decays)
     times = range(max(2, 7 - cfg.holdout_windows), 7)
     for c in [("ours", "shrink", 0.0), ("ours", "similar", 0.674)]:
