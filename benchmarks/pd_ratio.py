@@ -47,6 +47,7 @@ import numpy as np
 from ascend_runtime.pdplanner.decide import GroupPool, Load, PlannerConfig, PlannerState, Slo, StagePool, decide_split, requirement
 from ascend_runtime.pdplanner.forecast import HoltForecaster
 from ascend_runtime.perf import model as pm
+from benchmarks import report
 
 ROOT = Path(__file__).resolve().parents[1]
 SP = pm.StageShape("atlas-800i-a2", "prefill", 2, 8, 16, max_num_seqs=16, max_num_batched_tokens=16384, nodes=2)
@@ -399,9 +400,7 @@ SECTION = "## Adaptive P:D ratio (simulation)"
 
 
 def write_section(table: str, summary: str, args: argparse.Namespace) -> None:
-    """Replace (or append) this benchmark's own section of docs/benchmarks.md."""
-    doc = ROOT / "docs" / "benchmarks.md"
-    text = doc.read_text()
+    """Replace (or append) this benchmark's own section of docs/benchmarks.md (between its markers)."""
     body = (f"{SECTION}\n\n    python -m benchmarks.pd_ratio --write --plot docs/img/pd-ratio.png"
             f"{' --scale ' + str(args.scale) if args.scale != 1.0 else ''}{' --no-migrate' if args.no_migrate else ''}\n\n"
             "A discrete-time queueing simulation driven by the performance model (benchmarks/pd_ratio.py has the "
@@ -417,13 +416,7 @@ def write_section(table: str, summary: str, args: argparse.Namespace) -> None:
             "forecast, backlog sizing, one-interval action on overwhelming evidence, surge return: docs/pd-planner.md) "
             "on what the proxy shows: arrival rate, mean prompt and output, and the prefill queue.\n\n"
             f"{table}\n\n{summary}.\n\n![goodput over time](img/pd-ratio.png)\n")
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + (text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + body
-    doc.write_text(text)
+    report.write_section("pd_ratio", body)
 
 
 if __name__ == "__main__":
