@@ -169,7 +169,7 @@ class Forwarder:
             outcome, status = "client_disconnect", 499
             raise
         finally:
-            self.metrics.requests.labels(path, outcome, str(status)).inc()
+            self.metrics.requested(path, outcome, str(status))
             self.metrics.e2e.observe(time.perf_counter() - t0)
 
     async def _read_body(self, request: web.Request) -> tuple[bytes, web.Response | None]:
@@ -186,8 +186,20 @@ class Forwarder:
         if length is not None and length > lim.max_body_bytes:
             return b"", self._close(_json_response(
                 413, f"request body of {length} bytes is larger than the limit of {lim.max_body_bytes} bytes"))
-        parts: list[bytes] = []
-        size = 0
+        content = request.content
+        if content.is_eof():  # the whole body came with the head (the usual case): no wait, no timer
+            try:
+                body = content.read_nowait()
+            except aiohttp.ClientPayloadError as exc:
+                return b"", self._close(_json_response(400, f"invalid request body: {exc}"))
+            if len(body) > lim.max_body_bytes:
+                return b"", self._close(_json_response(
+                    413, f"request body is larger than the limit of {lim.max_body_bytes} bytes"))
+            if content.at_eof():
+                return body, None
+            parts, size = [body], len(body)  # more than one read_nowait serves: read on below
+        else:
+            parts, size = [], 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + lim.body_total_timeout_s
         while True:
@@ -267,7 +279,7 @@ class Forwarder:
                 self.pool.end(p_state, p_tokens)
                 exc = NoInstanceError("decode", {**exc.reasons, **failed_decodes})
                 return await self._fail(client_resp, 503, str(exc)), "no_instance"
-            self.metrics.decisions.labels("decode", d_state.name).inc()
+            self.metrics.decided("decode", d_state.name)
             result = await self._decode(request, path, decode_req, client_id, p_state, p_tokens, d_state,
                                         stream, tracker, client_resp, t0)
             kind = result[0]
@@ -343,7 +355,7 @@ class Forwarder:
                     raise NoInstanceError("prefill", {**exc.reasons, "last error": last}) from None
                 raise
             tried.add(state.name)
-            self.metrics.decisions.labels("prefill", state.name).inc()
+            self.metrics.decided("prefill", state.name)
             attempt_id = new_request_id()
             log.debug("request %s: prefill %s on %s", client_id, attempt_id, state.name)
             self.pool.begin(state, tokens)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -130,6 +131,23 @@ class ProxyMetrics:
                               registry=r)
         self.kv_usage = Gauge(p + "instance_kv_cache_usage", "Scraped vllm:kv_cache_usage_perc", ["role", "instance"],
                               registry=r)
+
+        #: label children of the per-request counters, looked up once per label set (these are never removed)
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def decided(self, role: str, instance: str) -> None:
+        """Count one routing pick (``routing_decisions_total{role,instance}``)."""
+        child = self._children.get(("d", role, instance))
+        if child is None:
+            child = self._children[("d", role, instance)] = self.decisions.labels(role, instance)
+        child.inc()
+
+    def requested(self, endpoint: str, outcome: str, status: str) -> None:
+        """Count one client request (``requests_total{endpoint,outcome,status}``)."""
+        child = self._children.get(("r", endpoint, outcome, status))
+        if child is None:
+            child = self._children[("r", endpoint, outcome, status)] = self.requests.labels(endpoint, outcome, status)
+        child.inc()
 
     def on_pool_event(self, kind: str, state: InstanceState, reason: str) -> None:
         """Hook for :class:`InstancePool` events."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import copy
 import json
-import uuid
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,8 @@ PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
     "remote_port": None,
 }
 RECOMPUTED = "recomputed"
+#: module-level ``random`` (re-seeded in a forked child by random.py itself; a private Random() would not be)
+_getrandbits = random.getrandbits
 #: Header carrying the engine request id (vLLM reads it); a fresh value per attempt.
 REQUEST_ID_HEADER = "X-Request-Id"
 #: Header carrying the client's own X-Request-Id to the engines (informational; vLLM ignores it).
@@ -55,8 +57,13 @@ CLIENT_REQUEST_ID_HEADER = "X-Client-Request-Id"
 
 
 def new_request_id() -> str:
-    """A fresh request id (32 hex digits): one per engine attempt, and for clients that sent none."""
-    return uuid.uuid4().hex
+    """A fresh request id (32 hex digits): one per engine attempt, and for clients that sent none.
+
+    128 random bits from :mod:`random` (seeded from the OS at start and re-seeded in a forked child, so
+    workers never share a sequence): unique like ``uuid4().hex`` without a ``getrandom`` call per id,
+    and not meant to be unguessable (these ids name requests in logs and engine metrics).
+    """
+    return f"{_getrandbits(128):032x}"
 
 
 def build_prefill_request(req: dict[str, Any]) -> dict[str, Any]:

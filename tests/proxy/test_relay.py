@@ -321,3 +321,115 @@ async def test_slow_client_pauses_the_decode_until_it_drains():
     assert await asyncio.wait_for(relay, 2) == "done"
     assert up.protocol is conn  # given back after the stream
     assert dechunk_writes(client.out) == [EVENTS[0], EVENTS[1]]
+
+
+# ---- the per-read fast path (relay.py ``fast``) and its helpers ---------------------------------------------
+def test_single_chunk_head_names_the_only_size_a_frame_length_can_have():
+    from ascend_runtime.proxy.relay import _single_chunk_head
+
+    for size in list(range(1, 300)) + [4095, 4096, 65535, 65536, 1 << 20]:
+        frame = b"%x\r\n%b\r\n" % (size, b"x" * size)
+        assert _single_chunk_head(len(frame)) == b"%x\r\n" % size, size
+    for n in (0, 1, 4, 5):  # too short to be a frame with a payload
+        assert _single_chunk_head(n) == b"\x00"
+    # 20 bytes: "f\r\n" + 15 + CRLF; 21 bytes would need a 16-byte payload with a 1-digit size: no such frame
+    assert _single_chunk_head(20) == b"f\r\n" and _single_chunk_head(21) == b"\x00"
+
+
+def test_whole_event_chunks_accepts_only_whole_frames_ending_on_an_event():
+    from ascend_runtime.proxy.relay import _whole_event_chunks
+
+    frames = [b"%x\r\n%b\r\n" % (len(e), e) for e in EVENTS]
+    assert _whole_event_chunks(b"".join(frames))
+    assert _whole_event_chunks(frames[0])
+    mid = b"%x\r\n%b\r\n" % (10, EVENTS[0][:10])
+    for bad in (b"", frames[0][:-1], frames[0] + frames[1][:5], mid, frames[0] + mid, b"zz\r\n" + EVENTS[0] + b"\r\n",
+                b"%x;ext\r\n%b\r\n" % (len(EVENTS[0]) + 1, EVENTS[0])):
+        assert not _whole_event_chunks(bad), bad
+
+
+def test_add_gaps_matches_bisecting_every_gap():
+    import random
+    from bisect import bisect_left
+
+    from ascend_runtime.proxy.relay import add_gaps
+
+    rng = random.Random(7)
+    for n in (0, 1, 2, 3, 50, 400):
+        stamps = [100.0]
+        for _ in range(n):  # gaps on, just below and above the bounds, and random ones
+            stamps.append(stamps[-1] + rng.choice([*ITL_BUCKETS, 0.0, 0.00049, 0.0201, 3.0, rng.random() / 10]))
+        stats, ref = StreamStats(ITL_BUCKETS), StreamStats(ITL_BUCKETS)
+        add_gaps(stats, stamps)
+        for a, b in zip(stamps, stamps[1:]):
+            ref.gap_counts[bisect_left(ref.bounds, b - a)] += 1
+            ref.gap_sum += b - a
+        assert stats.gap_counts == ref.gap_counts, n
+        assert math.isclose(stats.gap_sum, ref.gap_sum, abs_tol=1e-9)
+
+
+def test_count_events_over_batches():
+    from ascend_runtime.proxy.relay import count_events
+
+    history = [b"%x\r\n%b\r\n" % (len(e), e) for e in EVENTS] * 700 + [b"4\r\nx\n\n\r\n" * 2]
+    assert count_events(history) == len(EVENTS) * 700 + 2
+    assert count_events(history, batch=3) == count_events(history, batch=100000)
+    assert count_events([]) == 0
+
+
+async def test_fast_path_mixes_single_chunk_reads_with_split_and_merged_ones():
+    """Single-frame reads (fast path), a frame split over reads (general path until whole again), reads of
+    several frames and a frame whose length has no single-chunk head all relay exactly the whole events."""
+    frames = [b"%x\r\n%b\r\n" % (len(e), e) for e in EVENTS]
+    odd = b"%X\r\n%b\r\n" % (len(EVENTS[2]), EVENTS[2])  # upper-case size: parsed, not looked up
+    pieces = [HEAD, frames[0], frames[1][:3], frames[1][3:], odd, frames[3] + frames[4], frames[0][:-2],
+              frames[0][-2:], frames[5], b"0\r\n\r\n"]
+    outcome, payloads, history, _ = await drive(pieces)
+    assert outcome == "done"
+    want = [EVENTS[0], EVENTS[1], EVENTS[2], EVENTS[3] + EVENTS[4], EVENTS[0], EVENTS[5]]
+    assert payloads == want
+    assert b"".join(deframe(history)) == b"".join(want)
+
+
+async def test_recompute_marker_in_a_single_frame_read_goes_to_the_hook():
+    rec = b'data: {"choices":[{"index":0,"text":" x","stop_reason":"recomputed"}]}\n\n'
+    seen: list[bytes] = []
+
+    def hook(blob: bytes, hist: list[bytes]) -> tuple[bytes, bool]:
+        seen.append(blob)
+        return b"", True
+
+    frames = [b"%x\r\n%b\r\n" % (len(e), e) for e in (EVENTS[0], EVENTS[1], rec, EVENTS[2])]
+    outcome, payloads, history, _ = await drive([HEAD, *frames, b"0\r\n\r\n"], on_recompute=hook)
+    assert outcome == "recompute" and payloads == [EVENTS[0], EVENTS[1]] and seen == [rec]
+    assert deframe(history) == [EVENTS[0], EVENTS[1]]
+
+
+async def test_stop_relay_keeps_exactly_the_events_written_for_the_migration_text():
+    """A migration reads the text so far from the raw frames kept per write (migrate.py ``relayed_events``)."""
+    from ascend_runtime.proxy.migrate import MigrationTracker, account, relayed_events
+
+    conn = DecodeConnection(None, ("h", 1))
+    up, client = FakeTransport(), FakeTransport()
+    up.protocol = conn
+    conn.connection_made(up)  # type: ignore[arg-type]
+    req = asyncio.ensure_future(conn.request(b"POST / HTTP/1.1\r\n\r\n"))
+    conn.data_received(HEAD + b"%x\r\n%b\r\n" % (len(EVENTS[0]), EVENTS[0]))
+    await req
+    first = await conn.first_payload()
+    history: list[bytes] = []
+    stats = StreamStats(ITL_BUCKETS)
+    relay = asyncio.ensure_future(conn.relay(first, client, True, history, lambda b, h: (b, False),  # type: ignore[arg-type]
+                                             stats, 10.0))
+    await asyncio.sleep(0)
+    for e in EVENTS[1:3]:
+        up.protocol.data_received(b"%x\r\n%b\r\n" % (len(e), e))  # type: ignore[attr-defined]
+    partial = (b"%x\r\n%b\r\n" % (len(EVENTS[3]), EVENTS[3]))[:12]
+    up.protocol.data_received(partial)  # type: ignore[attr-defined]
+    assert conn.stop_relay()
+    assert await asyncio.wait_for(relay, 5) == "migrate"
+    events = relayed_events(history, True)
+    assert [c.get("text") for e in events for c in e["choices"]] == [" w0", " w1", " w2"]  # not the partial 4th
+    tracker = MigrationTracker.for_request({"prompt": "p", "max_tokens": 9})
+    assert account(tracker, events) == 3 and tracker.generated == " w0 w1 w2"  # the continuation's prompt tail
+    assert dechunk_writes(client.out) == EVENTS[:3] and stats.events == 3 and sum(stats.gap_counts) == 3
