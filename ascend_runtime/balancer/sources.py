@@ -18,7 +18,9 @@ Dump directory format (one directory per instance)::
 Counts are cumulative since the rank started; the source keeps the last dump of
 each rank and returns the difference. The first dump seen, a smaller ``seq``, or any
 count going down (the rank restarted) counts in full. A file that is
-missing, partial or of the wrong shape is skipped for this round (logged).
+missing, partial, of the wrong shape or with counts that are not finite and
+non-negative is skipped for this round (logged, and listed in ``skipped`` of the
+source, which offline readers such as ``balance plan --history`` refuse).
 """
 
 from __future__ import annotations
@@ -77,17 +79,32 @@ class HttpLoadSource:
 _RANK_FILE = re.compile(r"^rank_(\d+)\.json$")
 
 
+def count_array(data: Any) -> np.ndarray:
+    """``data`` (nested lists of JSON numbers) as a float64 array; ValueError for text, booleans, nulls or ragged lists."""
+    try:
+        array = np.asarray(data)
+    except ValueError:
+        raise ValueError("expert_load is not a rectangular array") from None
+    if array.dtype.kind not in "iuf":
+        raise ValueError(f"expert_load holds {'booleans' if array.dtype.kind == 'b' else 'values other than numbers'}"
+                         " (ragged rows, text or nulls)")
+    return array.astype(np.float64)
+
+
 class DirLoadSource:
     """Reads ``DIR/rank_<r>.json`` cumulative dumps and returns their summed deltas."""
 
     def __init__(self, name: str, directory: str | Path) -> None:
         self.name, self.directory = name, Path(directory)
         self._last: dict[int, tuple[int, np.ndarray]] = {}
+        #: (file, reason) of every rank file the last :meth:`read` skipped
+        self.skipped: list[tuple[Path, str]] = []
 
     def read(self) -> LoadWindow | None:
         """Synchronous collect (the files are local)."""
         total: np.ndarray | None = None
         ranks = 0
+        self.skipped = []
         for path in sorted(self.directory.glob("rank_*.json")):
             m = _RANK_FILE.match(path.name)
             if not m:
@@ -95,11 +112,14 @@ class DirLoadSource:
             try:
                 doc = json.loads(path.read_text())
                 rank, seq = int(doc["rank"]), int(doc["seq"])
-                cum = np.asarray(doc["expert_load"], dtype=np.float64)
+                cum = count_array(doc["expert_load"])
                 if cum.shape != (int(doc["layers"]), int(doc["experts"])) or rank != int(m.group(1)):
                     raise ValueError("shape or rank does not match the header")
+                if not np.isfinite(cum).all() or (cum < 0).any():
+                    raise ValueError("expert_load holds counts that are not finite and non-negative")
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("%s: skipping %s: %s", self.name, path, exc)
+                self.skipped.append((path, str(exc)))
                 continue
             ranks += 1
             prev = self._last.get(rank)

@@ -171,8 +171,13 @@ _IMAGE = re.compile(
 )
 
 
+def is_image_ref(value: str) -> bool:
+    """A container image reference, ``[registry/]repository[:tag][@digest]`` (at most 255 characters)."""
+    return len(value) <= 255 and bool(_IMAGE.match(value))
+
+
 def _image(value: str) -> str:
-    if len(value) > 255 or not _IMAGE.match(value):
+    if not is_image_ref(value):
         raise invalid(
             "not a container image reference ([registry/]repository[:tag][@digest], repository in lowercase)",
             "e.g. 'quay.io/ascend/vllm-ascend:v0.23.0'",

@@ -256,6 +256,10 @@ def _constraint_hint(kind: str, ctx: dict[str, Any]) -> str:
         return "see the key's description in Pulumi.yaml"
     if kind == "literal_error":
         return f"write one of {ctx.get('expected', 'the listed values')}"
+    if kind == "finite_number":
+        return "write a finite number (.inf and .nan are no value here)"
+    if kind == "invalid_key":  # a mapping key that is not text
+        return "write the key as text"
     return ""
 
 

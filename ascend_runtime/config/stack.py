@@ -43,7 +43,8 @@ ENV_NAME_ERROR = "env_name"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # allow_inf_nan=False: YAML's .inf / .nan are no timeout, rate or size (every float key is finite)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StageConfig(_Strict):
@@ -70,7 +71,8 @@ class StageConfig(_Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Share of HBM vLLM may use.")
     reserve_gib: float = Field(2.0, ge=0, description="Activations and workspace per NPU outside weights and KV (GiB).")
     hccl_buffsize_mb: int | None = Field(
-        None, ge=1, description="HCCL_BUFFSIZE (MB); default 256 on prefill, 1024 on decode."
+        None, ge=1, le=65536,
+        description="HCCL_BUFFSIZE (MB); default 256 on prefill, 1024 on decode; at most 65536 (the HBM of one NPU, 64 GiB).",
     )
     graph_mode: bool | None = Field(
         None,
@@ -287,8 +289,18 @@ class DevicePluginConfig(_Strict):
         False,
         description="Install MindCluster's Ascend device plugin (ServiceAccount, ClusterRole, ClusterRoleBinding, DaemonSet in kube-system).",
     )
-    image: str = Field("ascendhub.huawei.com/public-ascendhub/ascend-k8sdeviceplugin", description="Device plugin image (without tag).")
-    version: str = Field("v26.1.0", description="Device plugin image tag: the pinned MindCluster release (v26.1.0).")
+    image: ImageRef = Field("ascendhub.huawei.com/public-ascendhub/ascend-k8sdeviceplugin", description="Device plugin image (without tag).")
+    version: str = Field("v26.1.0", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
+                         description="Device plugin image tag: the pinned MindCluster release (v26.1.0).")
+
+    @field_validator("image")
+    @classmethod
+    def _untagged(cls, value: str) -> str:
+        if "@" in value or ":" in value.rpartition("/")[2]:
+            raise invalid("the image is given without tag or digest: version is its tag",
+                          f"write {value.rpartition('/')[0] + '/' if '/' in value else ''}"
+                          f"{value.rpartition('/')[2].split(':')[0].split('@')[0]!s} and the tag as version")
+        return value
 
 
 class LwsConfig(_Strict):
@@ -332,7 +344,9 @@ class KubernetesConfig(_Strict):
     startup_probe_seconds: int = Field(3600, ge=60, description="Time an engine may take to load before it is restarted (s).")
     termination_grace_seconds: int = Field(120, ge=0, description="Grace period of engine pods (s).")
     taint_nodes: bool = Field(True, description="Taint serving nodes `ascend-deepseek/serving=<role>:NoSchedule`.")
-    proxy_replicas: int = Field(2, ge=1, description="PD proxy replicas.")
+    proxy_replicas: int = Field(2, ge=1, le=150000, description="PD proxy replicas (at least; the Plan may size more), "
+                                "at most 150,000, the pods of the largest cluster Kubernetes supports "
+                                "(kubernetes.io/docs/setup/best-practices/cluster-large/).")
     prometheus_operator: bool = Field(False, description="The cluster has the Prometheus operator CRDs (ServiceMonitor/PodMonitor).")
     monitoring_namespace: DnsLabel = Field(
         "monitoring", description="Namespace of Prometheus (allowed to scrape engine ports; DNS-1123 label)."

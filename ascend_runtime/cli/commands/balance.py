@@ -100,7 +100,10 @@ def _read_json(path: str, field: str) -> tuple[Any, int]:
 
 
 def _read_history(path: str, field: str = "--history") -> tuple[np.ndarray | None, int]:
-    """``field`` (``--history``): a .npy file or a directory of dump snapshots -> ``[W, L, E]``, or an exit code."""
+    """``field`` (``--history``): a .npy file or a directory of dump snapshots -> ``[W, L, E]``, or an exit code.
+
+    Offline, every dump file must read: a file the daemon would skip for a round (partial, wrong shape,
+    counts that are not finite and non-negative) is an error naming it."""
     from ascend_runtime.balancer.sources import DirLoadSource
 
     p = Path(path)
@@ -115,16 +118,87 @@ def _read_history(path: str, field: str = "--history") -> tuple[np.ndarray | Non
         for snap in snaps:  # replay the snapshots as the daemon's dump-dir source sees them: deltas
             source.directory = snap
             w = source.read()
+            if source.skipped:
+                bad, why = source.skipped[0]
+                return None, input_error(field, f"{bad}: {why}; fix or remove the file (format: docs/balancer.md, "
+                                                "DirLoadSource)")
             if w is not None:
                 windows.append(w.expert_load)
         if not windows or len({w.shape for w in windows}) != 1:
             return None, input_error(field, f"{path}: no load, or snapshots of different layers x experts")
         return np.stack(windows), 0
+    if not p.is_file():
+        return None, input_error(field, f"{path} is not a regular file; give a .npy file or a directory of dump snapshots")
     try:
-        hist = np.asarray(np.load(p, allow_pickle=False), dtype=np.float64)
-    except (OSError, ValueError) as exc:
-        return None, input_error(field, f"{path} is not a readable .npy array ({exc})")
+        raw = np.load(p, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        return None, input_error(field, f"{path} is not a readable .npy array ({_short(exc)}); give a file numpy.save wrote")
+    if not isinstance(raw, np.ndarray):  # an .npz archive
+        return None, input_error(field, f"{path} is an .npz archive, not one .npy array; save the [W, L, E] array with numpy.save")
+    if raw.dtype.kind not in "iuf":
+        return None, input_error(field, f"{path} holds {raw.dtype} values, not token counts; save integer or float counts")
+    hist = raw.astype(np.float64)
     return (hist[None] if hist.ndim == 2 else hist), 0
+
+
+def _short(exc: BaseException, limit: int = 120) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_load(hist: np.ndarray, field: str, min_windows: int = 1) -> int | None:
+    """``hist [W, L, E]``: at least ``min_windows`` windows, layers and experts; finite, non-negative counts;
+    every window routes tokens (the daemon never sees an empty window). Exit code 2 naming ``field``, or None."""
+    if hist.ndim != 3 or hist.shape[0] < min_windows or hist.shape[1] < 1 or hist.shape[2] < 1:
+        need = f" with at least {min_windows} windows" if min_windows > 1 else ""
+        return input_error(field, f"must be a non-empty windows x layers x experts array{need} (got shape {hist.shape})")
+    if not np.isfinite(hist).all():
+        return input_error(field, "holds NaN or infinite counts; every count is a finite number of tokens")
+    if (hist < 0).any():
+        w, l, e = (int(i) for i in np.argwhere(hist < 0)[0])
+        return input_error(field, f"holds negative counts (first: window {w}, layer {l}, expert {e}: {hist[w, l, e]:g}); "
+                                  "counts are tokens routed, 0 or more")
+    empty = np.flatnonzero(hist.sum(axis=(1, 2)) <= 0)
+    if empty.size:
+        return input_error(field, f"window {int(empty[0])} routes no tokens ({empty.size} of {hist.shape[0]} windows are "
+                                  "empty); drop the empty windows")
+    return None
+
+
+#: Slots placed (layers x ranks x slots) above which a plan is refused: DeepSeek-V3 on EP 320 with 64 redundant
+#: experts is 58 x 320 x 1 = 18,560; 2^22 leaves two orders of magnitude and still plans in seconds.
+MAX_PLACED_SLOTS = 1 << 22
+
+
+def _check_shape(layers: int, experts: int, ranks: int, slots: int, groups: int | None, nodes: int | None,
+                 flags: str = "--ranks/--slots") -> int | None:
+    """The EP shape against the load: positive, slots fill the experts, replicas bounded, groups/nodes consistent."""
+    if ranks < 1 or slots < 1:
+        return input_error(flags, f"must be positive (got --ranks {ranks}, --slots {slots})")
+    if ranks * slots < experts:
+        return input_error("--slots", f"ranks x slots = {ranks * slots} < {experts} experts; raise --slots to at least "
+                                      f"{-(-experts // ranks)}")
+    if slots > experts:
+        return input_error("--slots", f"{slots} slots per rank but only {experts} experts: a rank holds an expert at most "
+                                      f"once; use --slots {experts} or less")
+    redundant = ranks * slots - experts
+    if redundant > max(experts, 2 * ranks):
+        return input_error(flags, f"{redundant} redundant slots (ranks x slots - experts) exceed both the {experts} "
+                                  f"experts and two per rank ({2 * ranks}); vLLM-Ascend's default policy places at most "
+                                  "one per rank (vllm_ascend/eplb/core/policy/policy_default_eplb.py, v0.23.0); "
+                                  "lower --slots")
+    if layers * ranks * slots > MAX_PLACED_SLOTS:
+        return input_error(flags, f"{layers} layers x {ranks} ranks x {slots} slots = {layers * ranks * slots} slots to "
+                                  f"place, more than {MAX_PLACED_SLOTS}; check --ranks (the EP size of one instance)")
+    if (groups is None) != (nodes is None):
+        return input_error("--groups/--nodes", "give both for the hierarchical policy, or neither")
+    if groups is not None and nodes is not None:
+        if groups < 1 or nodes < 1:
+            return input_error("--groups/--nodes", f"must be positive (got --groups {groups}, --nodes {nodes})")
+        if experts % groups or groups % nodes or ranks % nodes:
+            return input_error("--groups/--nodes", f"need experts ({experts}) % groups == 0, groups % nodes == 0 and "
+                                                   f"ranks % nodes == 0 (got {groups} groups, {nodes} nodes)")
+    return None
 
 
 def _plan_one(policy: str, hist: np.ndarray, args: argparse.Namespace, previous: np.ndarray | None) -> np.ndarray:
@@ -164,33 +238,37 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ascend_runtime.balancer.measure import balancedness, moved_slots, rank_loads
     from ascend_runtime.balancer.publish import FilePublisher
 
+    from ascend_runtime.balancer.sources import count_array
+    from ascend_runtime.cli.stackargs import check_number, check_output_file, first_error
+
+    bad = first_error(check_number("--min-gain", args.min_gain, 0.0, strict=False), check_output_file("--out", args.out))
+    if bad is not None:
+        return bad
     if args.load:
         doc, rc = _read_json(args.load, "--load")
         if rc:
             return rc
         try:
-            load = np.asarray(doc["expert_load"], dtype=np.float64)
-        except (TypeError, KeyError, ValueError):
-            return input_error("--load", 'expected {"expert_load": [[tokens per expert] per layer]}, a rectangular layers x experts array')
-        if load.ndim != 2 or load.size == 0 or (load < 0).any() or not np.isfinite(load).all():
-            return input_error("--load expert_load", f"must be a non-empty layers x experts array of non-negative numbers (got shape {load.shape})")
+            load = count_array(doc["expert_load"])
+        except (TypeError, KeyError, ValueError, IndexError):
+            return input_error("--load", 'expected {"expert_load": [[tokens per expert] per layer]}, a rectangular layers x '
+                                         'experts array of numbers')
+        if load.ndim != 2:
+            return input_error("--load expert_load", f"must be a layers x experts array (got shape {load.shape})")
         hist = load[None]
+        bad = _check_load(hist, "--load expert_load")
     else:
         hist, rc = _read_history(args.history)
         if rc:
             return rc
-        if hist.ndim != 3 or hist.size == 0 or (hist < 0).any() or not np.isfinite(hist).all():
-            return input_error("--history", f"must be a non-empty windows x layers x experts array of non-negative numbers (got shape {hist.shape})")
+        bad = _check_load(hist, "--history")
+    if bad is not None:
+        return bad
     last = hist[-1]
     layers, experts = last.shape
-    if args.ranks < 1 or args.slots < 1:
-        return input_error("--ranks/--slots", "must be positive")
-    if args.ranks * args.slots < experts:
-        return input_error("--slots", f"ranks x slots = {args.ranks * args.slots} < {experts} experts; raise --slots to at least {-(-experts // args.ranks)}")
-    if bool(args.groups) != bool(args.nodes):
-        return input_error("--groups/--nodes", "give both for the hierarchical policy, or neither")
-    if args.groups and (experts % args.groups or args.groups % args.nodes or args.ranks % args.nodes):
-        return input_error("--groups/--nodes", f"need experts ({experts}) % groups == 0, groups % nodes == 0 and ranks % nodes == 0")
+    bad = _check_shape(layers, experts, args.ranks, args.slots, args.groups, args.nodes)
+    if bad is not None:
+        return bad
     previous = None
     if args.previous:
         prev_doc, rc = _read_json(args.previous, "--previous")
@@ -219,6 +297,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except InvalidExpertMap as exc:
         print(f"error: refusing to write {args.out}: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        return input_error("--out", f"cannot write {args.out}: {exc.strerror or type(exc).__name__}; "
+                                    "name a file in a directory this user can write")
     label = "previous map" if previous is not None else "trivial placement"
     print(f"history: {hist.shape[0]} window(s) x {layers} layers x {experts} experts; measured on the last window")
     print(f"balancedness before ({label}): {before:.4f}")
@@ -245,8 +326,9 @@ def _load_dir(path: str) -> tuple[dict[str, np.ndarray] | None, int]:
         hist, rc = _read_history(str(d), "--load-dir")
         if rc:
             return None, rc
-        if hist.ndim != 3 or hist.shape[0] < 2 or (hist < 0).any() or not np.isfinite(hist).all():
-            return None, input_error("--load-dir", f"{d}: need at least 2 windows of non-negative load, got shape {hist.shape}")
+        bad = _check_load(hist, f"--load-dir {d}", min_windows=2)
+        if bad is not None:
+            return None, bad
         out[role] = hist
     return out, 0
 
@@ -256,14 +338,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from ascend_runtime.balancer import evaluate as ev
     from ascend_runtime.balancer.png import line_chart
 
+    from ascend_runtime.cli.stackargs import check_count, check_number, check_output_file, first_error
+
+    intervals = sorted(set(args.interval or [1, 2, 4]))
+    bad = first_error(*(check_count("--interval", k) for k in intervals), check_count("--window-steps", args.window_steps),
+                      check_number("--window-seconds", args.window_seconds), check_count("--batch-tokens", args.batch_tokens),
+                      check_output_file("--plot", args.plot))
+    if bad is not None:  # before the replay: nothing is computed for options that cannot be used
+        return bad
     loads, rc = _load_dir(args.load_dir)
     if rc:
         return rc
-    intervals = sorted(set(args.interval or [1, 2, 4]))
-    if any(k < 1 for k in intervals):
-        return input_error("--interval", "must be positive")
-    if args.window_steps < 1 or not args.window_seconds > 0:
-        return input_error("--window-steps/--window-seconds", "must be positive")
     policies = list(dict.fromkeys(args.policy or EVAL_POLICIES))
     if args.stack:
         from ascend_runtime.config.errors import ConfigError
@@ -285,7 +370,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if args.hardware not in CATALOGUE:
             return input_error("--hardware", f"unknown kind {args.hardware!r}; valid: {', '.join(sorted(CATALOGUE))}")
         any_load = next(iter(loads.values()))
-        shape = ModelShape(num_routed_experts=any_load.shape[2], num_layers=any_load.shape[1] + 3, num_expert_groups=1)
+        shape = ModelShape(num_routed_experts=any_load.shape[2], num_layers=any_load.shape[1] + 3, num_expert_groups=1,
+                           experts_per_token=min(8, any_load.shape[2]))
         spec, prof = CATALOGUE[args.hardware], HARDWARE[args.hardware]
         models = {"stage": ev._model("stage", args.ranks, shape, False, args.batch_tokens * shape.experts_per_token,
                                      prof.hbm_bandwidth, prof.flops, spec.intra_node_gbps * 1e9, spec.inter_node_gbps * 1e9,
@@ -337,7 +423,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     try:
         legend = line_chart(args.plot, panels)
     except OSError as exc:
-        return input_error("--plot", f"cannot write {args.plot} ({exc})")
+        return input_error("--plot", f"cannot write {args.plot} ({exc.strerror or type(exc).__name__}); "
+                                     "name a PNG file in a directory this user can write")
     print(f"wrote {args.plot} ({legend['Legend']})")
     return 0
 
@@ -390,17 +477,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ascend_runtime.balancer.publish import ConfigMapPublisher, FilePublisher
     from ascend_runtime.balancer.sources import DirLoadSource, HttpLoadSource
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ascend_runtime.cli.stackargs import (
+        check_bind_host,
+        check_count,
+        check_http_url,
+        check_log_level,
+        check_number,
+        check_output_file,
+        check_port,
+        first_error,
+        log_level,
+    )
+
     http, dirs = _pairs(args.instance, "--instance"), _pairs(args.dump_dir, "--dump-dir")
     for parsed, flag in ((http, "--instance"), (dirs, "--dump-dir")):
         if isinstance(parsed, str):
             return input_error(flag, parsed)
     if not http and not dirs:
         return input_error("--instance/--dump-dir", "give at least one instance to collect load from")
-    if args.ranks * args.slots < args.experts:
-        return input_error("--slots", f"ranks x slots = {args.ranks * args.slots} < {args.experts} experts")
-    if args.decay is not None and not 0 < args.decay <= 1:
-        return input_error("--decay", "must be in (0, 1]")
+    bad = first_error(
+        check_log_level("--log-level", args.log_level),
+        check_count("--experts", args.experts),
+        check_number("--interval", args.interval),
+        check_number("--decay", args.decay, 0.0, maximum=1.0),
+        check_count("--min-windows", args.min_windows),
+        check_number("--min-gain", args.min_gain, 0.0, strict=False),
+        check_count("--max-cycles", args.max_cycles),
+        check_port("--metrics-port", args.metrics_port),
+        check_bind_host("--metrics-host", args.metrics_host) if args.metrics_port is not None else None,
+        check_output_file("--publish-file", args.publish_file),
+        check_http_url("--proxy", args.proxy),
+        *(check_http_url(f"--instance {name}", url) for name, url in http),
+        *(input_error(f"--dump-dir {name}", f"{d} is not a directory; give the directory the rank_<r>.json dumps are "
+                                            "written to") for name, d in dirs if Path(d).exists() and not Path(d).is_dir()),
+    )
+    if bad is not None:
+        return bad
+    bad = _check_shape(1, args.experts, args.ranks, args.slots, args.groups, args.nodes)
+    if bad is not None:
+        return bad
+    logging.basicConfig(level=log_level(args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.dry_run and not (args.publish_file or args.configmap):
         return input_error("--publish-file/--configmap", "give where to publish maps, or --dry-run")
     if args.apply == "drain-restart" and not args.proxy:

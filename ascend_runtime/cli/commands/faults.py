@@ -69,13 +69,19 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from ascend_runtime.faults.topology import Topology
     from ascend_runtime.faults.watcher import WatcherConfig
 
-    logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in ("interval", "node_interval", "check_timeout", "api_timeout"):
-        if getattr(args, name) <= 0:
-            return input_error("--" + name.replace("_", "-"), "must be > 0")
-    for name in ("settle", "recheck"):
-        if getattr(args, name) < 0:
-            return input_error("--" + name, "must be >= 0")
+    from ascend_runtime.cli.stackargs import check_count, check_log_level, check_number, check_port, first_error, log_level
+
+    bad = first_error(
+        check_log_level("--log-level", args.log_level),
+        *(check_number("--" + name.replace("_", "-"), getattr(args, name))
+          for name in ("interval", "node_interval", "check_timeout", "api_timeout")),
+        *(check_number("--" + name, getattr(args, name), 0.0, strict=False) for name in ("settle", "recheck")),
+        check_port("--metrics-port", args.metrics_port),
+        check_count("--max-cycles", args.max_cycles),
+    )
+    if bad is not None:
+        return bad
+    logging.basicConfig(level=log_level(args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     namespace = None
     service_default = None
     if args.stack:

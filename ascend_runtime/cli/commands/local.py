@@ -128,6 +128,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     from ascend_runtime.local.state import default_state_root  # noqa: PLC0415
 
+    from ascend_runtime.cli.stackargs import check_count, check_number, check_output_dir, first_error  # noqa: PLC0415
+
+    bad = first_error(check_number("--ready-timeout-s", args.ready_timeout_s), check_count("--num-prompts", args.num_prompts),
+                      check_output_dir("--state-dir", args.state_dir))
+    if bad is not None:  # before anything starts
+        return bad
     console = Console(stderr=True)
     plan = plan_or_exit(args)
     if plan is None:
@@ -137,6 +143,8 @@ def cmd_up(args: argparse.Namespace) -> int:
              "(use `pulumi up` for kubernetes and kind)", err=True)
         return 2
     state_dir = Path(args.state_dir) if args.state_dir else default_state_root() / plan.stack
+    if not args.state_dir and check_output_dir("--state-dir (default $ASCEND_DEPLOY_STATE_DIR/<stack>)", str(state_dir)):
+        return 2
     state: StackState | None = None
     serving = died = False
     ok = True

@@ -7,7 +7,19 @@ import asyncio
 import logging
 import sys
 
-from ascend_runtime.cli.stackargs import add_stack_options, plan_or_exit
+from ascend_runtime.cli.stackargs import (
+    add_stack_options,
+    check_bind_host,
+    check_count,
+    check_http_url,
+    check_log_level,
+    check_number,
+    check_output_file,
+    check_port,
+    first_error,
+    log_level,
+    plan_or_exit,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -37,6 +49,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.set_defaults(func=handler)
 
 
+def _check_args(args: argparse.Namespace) -> int | None:
+    """Every option's value, before the Plan is read or anything starts (exit 2 naming the flag)."""
+    return first_error(
+        check_log_level("--log-level", args.log_level),
+        check_number("--interval", args.interval),
+        check_number("--margin", args.margin, 0.0, strict=False, maximum=1.0),
+        check_count("--k", args.k),
+        check_count("--max-changes-per-hour", args.max_changes_per_hour, 0),
+        check_count("--max-cycles", args.max_cycles),
+        check_number("--prompt-tokens", args.prompt_tokens),
+        check_http_url("--proxy-metrics", args.proxy_metrics),
+        check_port("--metrics-port", args.metrics_port),
+        check_bind_host("--metrics-host", args.metrics_host) if args.metrics_port is not None else None,
+        check_output_file("--target-file", args.target_file),
+        _check_proxy_admin(args.proxy_admin),
+    )
+
+
+def _check_proxy_admin(value: str | None) -> int | None:
+    if value is None:
+        return None
+    from ascend_runtime.cli.stackargs import input_error  # noqa: PLC0415
+    from ascend_runtime.faults.proxies import ProxyService  # noqa: PLC0415
+
+    try:
+        ProxyService.parse(value)
+    except ValueError as exc:
+        return input_error("--proxy-admin", str(exc))
+    return None
+
+
 def handler(args: argparse.Namespace) -> int:
     """Build the planner from the stack's Plan and run it until interrupted."""
     from ascend_runtime.pdplanner.daemon import DaemonConfig, PDPlanner
@@ -47,10 +90,10 @@ def handler(args: argparse.Namespace) -> int:
         slo_from_plan,
     )
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.interval <= 0 or args.margin < 0 or args.k < 1 or args.max_changes_per_hour < 0:
-        print("error: need --interval > 0, --margin >= 0, --k >= 1, --max-changes-per-hour >= 0", file=sys.stderr)
-        return 2
+    bad = _check_args(args)
+    if bad is not None:
+        return bad
+    logging.basicConfig(level=log_level(args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if bool(args.stack) == bool(args.plan_file):
         print("error: --stack / --plan-file: give exactly one", file=sys.stderr)
         return 2
@@ -62,7 +105,8 @@ def handler(args: argparse.Namespace) -> int:
         try:
             plan = plan_from_json(Path(args.plan_file).read_text())
         except (OSError, ValueError) as exc:
-            print(f"error: --plan-file {args.plan_file}: {exc}", file=sys.stderr)
+            print(f"error: --plan-file {args.plan_file}: {exc}; give the plan.json `ascend-deploy render` writes",
+                  file=sys.stderr)
             return 2
     else:
         plan = plan_or_exit(args)

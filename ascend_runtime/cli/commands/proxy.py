@@ -169,6 +169,8 @@ def handler(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         if args.workers < 1:
             raise ValueError(f"--workers must be at least 1, got {args.workers}")
+        if not 1 <= args.port <= 65535:
+            raise ValueError(f"--port must be a TCP port 1..65535, got {args.port}")
     except (InstanceSpecError, ValueError) as exc:
         print(f"ascend-deploy proxy: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ Exit codes: 0 every instance done, 1 a step failed (or interrupted), 2 invalid i
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -84,11 +85,21 @@ def _say(text: str) -> None:
 
 
 def _check_bounds(args: argparse.Namespace) -> int | None:
+    from ascend_runtime.cli.stackargs import check_http_url, first_error  # noqa: PLC0415
+    from ascend_runtime.config.errors import is_image_ref  # noqa: PLC0415
+
     for name in ("drain_timeout_s", "ready_timeout_s", "check_timeout_s", "routable_timeout_s", "poll_s"):
         value = getattr(args, name)
-        if value is not None and not value > 0:
-            return input_error("--" + name.replace("_", "-"), f"must be > 0 (got {value:g})")
-    return None
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            return input_error("--" + name.replace("_", "-"), f"must be > 0 and finite (got {value:g})")
+    if args.engine_image is not None and not is_image_ref(args.engine_image):
+        return input_error("--engine-image", f"not a container image reference: {args.engine_image!r} "
+                           "([registry/]repository[:tag][@digest], repository in lowercase, e.g. "
+                           "quay.io/ascend/vllm-ascend:v0.23.0)")
+    if any(not n for n in args.instance) or args.start == "":
+        return input_error("--instance/--from", "an instance name cannot be empty")
+    return first_error(*(check_http_url("--proxy", url) for url in args.proxy),
+                       check_http_url("--kube-api", args.kube_api))
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
