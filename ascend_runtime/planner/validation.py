@@ -252,10 +252,34 @@ def port_ranges(config: StackConfig, hardware: HardwareSpec, connector: str, ins
     return ranges
 
 
+#: Ports one host can give a range: 1024-65535.
+PORT_SPACE = 65535 - 1024 + 1
+
+
+def check_port_space(config: StackConfig, instance_count: int) -> list[Problem]:
+    """Instance and NPU counts a port range can hold at all (each instance takes one API, one DP RPC port;
+    each NPU one KV port), naming the count that overflows rather than the ports it would push past 65535."""
+    from ascend_runtime.planner.flex import flex_groups  # noqa: PLC0415
+
+    npus = total_npus(config)
+    if instance_count <= PORT_SPACE and npus <= PORT_SPACE:
+        return []
+    counts = {f"{r}.instances": config.stage(r).instances for r in ROLES}
+    counts["pd_ratio.groups"] = flex_groups(config)
+    key = max(counts, key=lambda k: counts[k])
+    what = (f"{instance_count} instances need {instance_count} API ports" if instance_count > PORT_SPACE
+            else f"{npus} NPUs need {npus} KV ports")
+    return [Problem(key, f"{what}, more than the {PORT_SPACE} ports from 1024 to 65535", counts[key],
+                    f"lower {key}")]
+
+
 def check_ports(config: StackConfig, hardware: HardwareSpec, connector: str, instance_count: int) -> list[Problem]:
     """No port range is privileged, reserved by the cluster (:data:`RESERVED_PORTS`), runs past 65535 or
     overlaps another; also the derived instance names (:func:`check_names`)."""
     problems: list[Problem] = check_names(config)
+    too_many = check_port_space(config, instance_count)
+    if too_many:  # every port range below would only restate this cause under a ports.* key
+        return problems + too_many
     ranges = port_ranges(config, hardware, connector, instance_count)
     keys = list(ranges)
     for i, key in enumerate(keys):

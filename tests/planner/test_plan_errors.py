@@ -115,6 +115,13 @@ def test_colliding_ports(stack_copy: Callable[..., Path]) -> None:
     expect_error(stack_copy, "a2-staging", "ports.kv_base", "collide", edit_config=set_key("ports.kv_base", 8001))
 
 
+def test_an_instance_count_no_port_range_can_hold_names_the_count_not_the_ports(
+        stack_copy: Callable[..., Path]) -> None:
+    err = expect_error(stack_copy, "a2-staging", "decode.instances", "API ports", "lower decode.instances",
+                       edit_config=set_key("decode.instances", 10**12))
+    assert "ports.api_base" not in err  # the ports follow from the count; only the cause is reported
+
+
 def test_device_count_must_match_hardware(stack_copy: Callable[..., Path]) -> None:
     def drop(inv: dict[str, Any]) -> None:
         inv["nodes"][4]["devices"].pop()
