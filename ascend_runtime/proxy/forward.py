@@ -66,8 +66,8 @@ from ascend_runtime.proxy.pd import (
     CLIENT_REQUEST_ID_HEADER,
     RECOMPUTED,
     REQUEST_ID_HEADER,
-    build_decode_request,
     build_prefill_request,
+    decode_body,
     estimate_prompt_tokens,
     new_request_id,
     sse_events,
@@ -157,7 +157,7 @@ class Forwarder:
                 return resp
             req, fields = outcome  # type: ignore[misc]
             try:
-                resp, outcome = await self._run(request, path, req, fields, t0, client_id)
+                resp, outcome = await self._run(request, path, req, body, fields, t0, client_id)
             except Exception:  # a proxy bug: still one answer in the engine's shape, and counted
                 log.exception("request %s: proxy error", client_id)
                 resp, outcome = _json_response(500, "internal proxy error"), "proxy_error"
@@ -252,17 +252,20 @@ class Forwarder:
             h["Authorization"] = auth
         return h
 
-    async def _run(self, request: web.Request, path: str, req: dict[str, Any], fields: Any,
+    async def _run(self, request: web.Request, path: str, req: dict[str, Any], raw: bytes, fields: Any,
                    t0: float, client_id: str) -> tuple[web.StreamResponse, str]:
+        """The PD flow of one parsed request (``req``, parsed from the body bytes ``raw``): prefill, decode,
+        retries, continuations. Returns (answer, outcome label of ``requests_total``)."""
         stream = bool(fields.stream)
         tracker = MigrationTracker.for_request(req, max_tokens=fields.max_tokens)
         tracker.fields = fields
         failed_decodes: dict[str, str] = {}
         client_resp: web.StreamResponse | None = None
         current = req
+        pool = self.pool
         while True:
             try:
-                self.pool.pick("decode", failed_decodes, count=False)  # fail fast, before any prefill work
+                pool.check_available("decode", failed_decodes)  # no prefill work when no decode is left
                 p_state, p_tokens, kv_answer = await self._prefill(request, path, current, client_id)
             except NoInstanceError as exc:
                 if exc.role == "decode":
@@ -272,16 +275,20 @@ class Forwarder:
                 if client_resp is not None:
                     return await self._relay_error(client_resp, ans.status, ans.body), "stream_error"
                 return web.Response(status=ans.status, body=ans.body, content_type=ans.content_type), "client_error"
-            decode_req = build_decode_request(current, kv_answer)
             try:
-                d_state = self.pool.pick("decode", failed_decodes)
+                # chosen after the prefill, on the load of that moment, as the reference proxy does
+                d_state = pool.pick("decode", failed_decodes)
             except NoInstanceError as exc:
-                self.pool.end(p_state, p_tokens)
+                pool.end(p_state, p_tokens)
                 exc = NoInstanceError("decode", {**exc.reasons, **failed_decodes})
                 return await self._fail(client_resp, 503, str(exc)), "no_instance"
             self.metrics.decided("decode", d_state.name)
-            result = await self._decode(request, path, decode_req, client_id, p_state, p_tokens, d_state,
-                                        stream, tracker, client_resp, t0)
+            pool.begin(d_state)
+            try:
+                result = await self._decode(request, path, self._decode_body(current, req, raw, kv_answer),
+                                            client_id, p_state, p_tokens, d_state, stream, tracker, client_resp, t0)
+            finally:
+                pool.end(d_state)
             kind = result[0]
             if kind == "done":
                 return result[1], "success"
@@ -312,6 +319,12 @@ class Forwarder:
                 current = continuation_request(tracker)
                 continue
             raise AssertionError(kind)
+
+    @staticmethod
+    def _decode_body(current: dict[str, Any], req: dict[str, Any], raw: bytes, kv_answer: dict[str, Any]) -> bytes:
+        """The decode body of ``current`` (the client's request ``req``, whose body bytes are ``raw``, or a
+        continuation built from it) with the prefill answer's ``kv_transfer_params`` (pd.py)."""
+        return decode_body(current, kv_answer, raw if current is req else None)
 
     async def _fail(self, client_resp: web.StreamResponse | None, status: int, message: str,
                     err_type: str | None = None) -> web.StreamResponse:
@@ -398,31 +411,31 @@ class Forwarder:
         raise NoInstanceError("prefill", {n: "failed for this request" for n in tried} | {"last error": last})
 
     # ---------------------------------------------------------------- decode
-    async def _decode(self, request: web.Request, path: str, decode_req: dict[str, Any], client_id: str,
+    async def _decode(self, request: web.Request, path: str, decode_body: bytes, client_id: str,
                       p_state: InstanceState, p_tokens: int, d_state: InstanceState, stream: bool,
                       tracker: MigrationTracker, client_resp: web.StreamResponse | None,
                       t0: float) -> tuple[Any, ...]:
-        """Send ``decode_req`` to ``d_state`` (a new engine request, fresh request id) and relay the answer.
+        """Send ``decode_body`` to ``d_state`` (a new engine request, fresh request id) and relay the answer.
+        The caller counts the request on ``d_state`` (``pool.begin``/``end``).
 
         Streams go through :meth:`_decode_stream` (relay.py); JSON answers through aiohttp's client here.
         Returns ("done", resp) | ("client_error", resp) | ("retry", None, reason)
         | ("stream_error", resp) | ("recompute", resp) | ("migrate", resp) (streams only).
         """
         if stream:
-            return await self._decode_stream(request, path, decode_req, client_id, p_state, p_tokens, d_state,
+            return await self._decode_stream(request, path, decode_body, client_id, p_state, p_tokens, d_state,
                                              tracker, client_resp, t0)
         pool = self.pool
         prefill_held = True
         attempt_id = new_request_id()
         log.debug("request %s: decode %s on %s (prefilled on %s)", client_id, attempt_id, d_state.name, p_state.name)
         headers = self._headers(request, attempt_id, client_id)
-        pool.begin(d_state)
         upstream: aiohttp.ClientResponse | None = None
         clean = False
         try:
             try:
                 async with asyncio.timeout(None):
-                    upstream = await self.session.post(d_state.spec.url + path, data=json.dumps(decode_req).encode(),
+                    upstream = await self.session.post(d_state.spec.url + path, data=decode_body,
                                                        headers=headers, timeout=self.decode_timeout)
                     if upstream.status != 200:
                         body = await upstream.read()
@@ -448,7 +461,6 @@ class Forwarder:
                 upstream.release() if clean else upstream.close()
             if prefill_held:
                 pool.end(p_state, p_tokens)
-            pool.end(d_state)
 
     # ---------------------------------------------------------------- streamed decode (relay.py)
     def _decode_retry(self, d_state: InstanceState, client_id: str, attempt_id: str, reason: str,
@@ -490,7 +502,7 @@ class Forwarder:
             conn.close()
             raise
 
-    async def _decode_stream(self, request: web.Request, path: str, decode_req: dict[str, Any], client_id: str,
+    async def _decode_stream(self, request: web.Request, path: str, decode_body: bytes, client_id: str,
                              p_state: InstanceState, p_tokens: int, d_state: InstanceState,
                              tracker: MigrationTracker, client_resp: web.StreamResponse | None,
                              t0: float) -> tuple[Any, ...]:
@@ -499,7 +511,6 @@ class Forwarder:
         prefill_held = True
         attempt_id = new_request_id()
         log.debug("request %s: decode %s on %s (prefilled on %s)", client_id, attempt_id, d_state.name, p_state.name)
-        pool.begin(d_state)
         conn: DecodeConnection | None = None
         clean = False
         try:
@@ -507,7 +518,7 @@ class Forwarder:
                 host, port, prefix, tls = self._target(d_state.spec.url)
                 data = serialize_request("POST", host, port, prefix + path,
                                          self._headers(request, attempt_id, client_id),
-                                         json.dumps(decode_req).encode())
+                                         decode_body)
                 async with asyncio.timeout(self.cfg.first_token_timeout_s):
                     conn, head = await self._open_decode(host, port, tls, data)
                     if head.status != 200:
@@ -538,7 +549,6 @@ class Forwarder:
                 conn.release() if clean else conn.close()
             if prefill_held:
                 pool.end(p_state, p_tokens)
-            pool.end(d_state)
 
     async def _relay(self, request: web.Request, conn: DecodeConnection, head: Head, first: bytes,
                      p_state: InstanceState, d_state: InstanceState, tracker: MigrationTracker,

@@ -89,6 +89,29 @@ def build_decode_request(req: dict[str, Any], prefill_response: dict[str, Any]) 
     return out
 
 
+#: the member the decode request gets, as it appears in a JSON body
+_KV_KEY = b'"kv_transfer_params"'
+
+
+def decode_body(req: dict[str, Any], prefill_response: dict[str, Any], raw: bytes | None = None) -> bytes:
+    """The decode request's JSON body: :func:`build_decode_request` of ``req``, serialized.
+
+    ``raw``: the client's body bytes ``req`` was parsed from (None: ``req`` is serialized). When given and
+    it is a non-empty UTF-8 JSON object with no ``kv_transfer_params`` member of its own, its bytes are
+    reused instead of serializing the prompt again: unchanged when the prefill answer has no
+    ``kv_transfer_params``, else with that member appended before the closing brace. Parsed, both give
+    the same object as ``json.dumps(build_decode_request(req, prefill_response))``.
+    """
+    kv = prefill_response.get("kv_transfer_params")
+    if raw is not None and req:
+        body = raw if raw[:1] == b"{" and raw[-1:] == b"}" else raw.strip()  # no copy when nothing to strip
+        if body[:1] == b"{" and body[-1:] == b"}" and _KV_KEY not in body:
+            if not kv:
+                return body
+            return b"%b,%b:%b}" % (body[:-1], _KV_KEY, json.dumps(kv).encode())
+    return json.dumps(build_decode_request(req, prefill_response)).encode()
+
+
 def _words(value: Any) -> int:
     if isinstance(value, str):
         return len(value.split())

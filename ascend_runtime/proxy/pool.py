@@ -15,7 +15,7 @@ import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -313,6 +313,17 @@ class InstancePool:
         for s in self.all(role):
             reasons[s.name] = "already failed for this request" if s.name in excluded else s.why_not_routable(now)
         raise NoInstanceError(role, reasons)
+
+    def check_available(self, role: Role, exclude: Collection[str] = ()) -> None:
+        """Raise NoInstanceError, as :meth:`pick` would, if no ``role`` instance outside ``exclude`` can be
+        picked now; nothing is chosen or counted. One pass that stops at the first routable instance (no
+        ranking); only when there is none does :meth:`pick` (``count`` False) decide, which readmits
+        instances whose ejection is over, falls back to ejected ones (panic routing) or raises."""
+        for state in self._by_name.values():
+            if (state.role == role and not state.ejected and not state.draining and not state.removed
+                    and state.name not in exclude):
+                return
+        self.pick(role, exclude, count=False)
 
     def pick_prefill(self, exclude: Iterable[str], request: dict[str, Any] | None,
                      prompt_tokens: int) -> tuple[InstanceState, int]:
