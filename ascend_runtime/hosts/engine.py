@@ -376,7 +376,7 @@ class Runner:
     def _no_output(self, step: Step, res: CommandResult, parsing: bool) -> str | None:
         """Why ``res`` gives nothing to judge (sudo refused, timed out or not run, truncated), else None."""
         if res.become_refused:
-            return (f"sudo refused: {_first_line(res.stderr) or f'rc={res.rc}'}; fix: allow {self.inventory.ssh.user} "
+            return (f"sudo refused: {sudo_reason(res.stderr) or f'rc={res.rc}'}; fix: allow {self.inventory.ssh.user} "
                     f"passwordless sudo (NOPASSWD) on this host, or log in as root")
         if res.timed_out:
             return _err(res, step)
@@ -588,6 +588,14 @@ def _err(res: CommandResult, step: Step | None = None) -> str:
         return "; ".join([limit, *rest]) + fix
     text = (res.stderr.strip() or res.stdout.strip()).splitlines()
     return f"rc={res.rc} " + (text[0][:200] if text else "")
+
+
+def sudo_reason(stderr: str) -> str:
+    """What sudo said when it refused: its own last ``sudo: ...`` line (a login shell's profile may print
+    other lines to stderr first), else the last non-empty line; at most 120 characters."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    own = [ln for ln in lines if ln.startswith("sudo:")]
+    return (own or lines or [""])[-1][:120]
 
 
 def _first_line(text: str) -> str:

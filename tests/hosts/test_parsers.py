@@ -60,3 +60,12 @@ def test_versions_and_quoting() -> None:
     assert check_range("23.0.rc3", "24.1.rc1") == "23.0.rc3 is below the supported minimum 24.1.rc1"
     assert check_range("8.1.RC1", "8.0.0") is None
     assert render("ip link show dev {nic}", {"nic": "eth0;rm -rf /"}) == "ip link show dev 'eth0;rm -rf /'"
+
+
+def test_a_sudo_refusal_is_reported_in_sudos_words_not_a_profiles() -> None:
+    from ascend_runtime.hosts.engine import sudo_reason
+
+    noisy = "rm: cannot remove '/root/.pyenv/shims/tmp.x': No such file or directory\nsudo: a password is required\n"
+    assert sudo_reason(noisy) == "sudo: a password is required"
+    assert sudo_reason("some other failure\n\n") == "some other failure"
+    assert sudo_reason("") == ""
