@@ -75,3 +75,19 @@ def test_invalid_shape_exits_2():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "per NPU" in out.stderr
+
+
+def test_an_option_out_of_range_is_named_as_the_flag_without_pydantic_noise():
+    import contextlib
+    import io
+
+    from ascend_runtime.cli import main as cli_main
+
+    argv = ["sim", "--role", "decode", "--instance", "x", "--port", "70000", "--kv-port", "30000"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli_main(argv)
+    assert code == 2
+    text = err.getvalue()
+    assert "--port:" in text and "65535" in text and "(got 70000)" in text
+    assert "errors.pydantic.dev" not in text and "validation error for" not in text

@@ -106,6 +106,17 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
 
 
+def option_errors(exc: ValidationError) -> str:
+    """``--flag: message (got value)`` for each field the simulator's configuration refused."""
+    parts = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        flag = "--" + loc[0].replace("_", "-") if loc else "options"
+        got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
+        parts.append(f"{flag}: {err['msg']}{got}")
+    return "; ".join(parts)
+
+
 def handler(args: argparse.Namespace) -> int:
     """Run the simulator until interrupted."""
     from ascend_runtime.sim.server import run_simulator
@@ -117,7 +128,10 @@ def handler(args: argparse.Namespace) -> int:
         from ascend_runtime.sim.capacity import kv_capacity_tokens
 
         kv_capacity_tokens(cfg.resolved())
-    except (ValidationError, ValueError) as exc:
+    except ValidationError as exc:
+        print(f"ascend-deploy sim: invalid options: {option_errors(exc)}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
         print(f"ascend-deploy sim: invalid options: {exc}", file=sys.stderr)
         return 2
     try:
