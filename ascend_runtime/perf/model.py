@@ -148,12 +148,13 @@ def collective_seconds(tm: TimingModel, tp: int, bytes_sent: float, n: int, alph
 
 def module_terms(shape: StageShape, tm: TimingModel, tokens: float, sampled: float,
                  alpha: float | None = None) -> tuple[float, float]:
-    """(weight-read change, collectives) in raw seconds per step of one DP rank for ``shape.modules``."""
+    """(weight-read change, collectives) in raw seconds per step of one DP rank for ``shape.modules``
+    (``alpha``: s per collective call; default the timing model's own, ``tm.alpha``)."""
     d = shape.modules
     if d.uniform:
         return 0.0, 0.0
     m = tm.shape
-    alpha = collective_latency_s() if alpha is None else alpha
+    alpha = tm.alpha if alpha is None else alpha
     read = ("o_proj", "dense_ffn", "lm_head", "shared_experts")
     new = module_weight_bytes(m, shape.tp, d, shape.mtp)
     old = module_weight_bytes(m, shape.tp, ModuleDegrees(), shape.mtp)
@@ -190,7 +191,7 @@ def step_on(tm: TimingModel, shape: StageShape, decode_tokens: float, decode_con
     compute = st.dense + st.experts + d_read
     comm = st.all2all + coll
     if shape.micro_batching:
-        a = collective_latency_s() if alpha is None else alpha
+        a = tm.alpha if alpha is None else alpha
         raw = STEP_OVERHEAD_S + max(compute + tm.t_weights + d_read, comm + 2 * tm.moe_layers * a)
     else:
         raw = STEP_OVERHEAD_S + compute + comm

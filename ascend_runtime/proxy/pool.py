@@ -319,9 +319,9 @@ class InstancePool:
         picked now; nothing is chosen or counted. One pass that stops at the first routable instance (no
         ranking); only when there is none does :meth:`pick` (``count`` False) decide, which readmits
         instances whose ejection is over, falls back to ejected ones (panic routing) or raises."""
+        now = self.clock()
         for state in self._by_name.values():
-            if (state.role == role and not state.ejected and not state.draining and not state.removed
-                    and state.name not in exclude):
+            if state.role == role and state.name not in exclude and state.routable(now):
                 return
         self.pick(role, exclude, count=False)
 

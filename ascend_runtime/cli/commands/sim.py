@@ -107,14 +107,16 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 def option_errors(exc: ValidationError) -> str:
-    """``--flag: message (got value)`` for each field the simulator's configuration refused."""
-    parts = []
-    for err in exc.errors():
-        loc = [str(p) for p in err["loc"]]
-        flag = "--" + loc[0].replace("_", "-") if loc else "options"
-        got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
-        parts.append(f"{flag}: {err['msg']}{got}")
-    return "; ".join(parts)
+    """``--flag: message (got value); fix`` for each field the simulator's configuration refused (the
+    stack loader's translation of pydantic errors, with the field written as its flag)."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    from ascend_runtime.config.loader import problems_from_validation  # noqa: PLC0415
+    from ascend_runtime.sim.config import SimConfig  # noqa: PLC0415
+
+    problems = problems_from_validation(exc, SimConfig, where="the command line")
+    return "; ".join(str(replace(p, path="--" + p.path.split(".")[0].replace("_", "-") if p.path else "options"))
+                     for p in problems)
 
 
 def handler(args: argparse.Namespace) -> int:
