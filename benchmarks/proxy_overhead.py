@@ -141,6 +141,115 @@ def serve_floor(port: int, upstream_port: int) -> None:
     uvloop.run(main())
 
 
+def serve_pd_floor(port: int, engine_port: int) -> None:
+    """The floor of the PD flow in Python on uvloop: per client request, one prefill round trip and one
+    decode request to the engine at ``engine_port``, then the decode's bytes relayed to the client as they
+    arrive. Not a proxy: the client request is parsed by hand (Content-Length bodies only), there are no
+    limits, timeouts, validation, metrics, routing, retries, request ids or error handling, and engine
+    connections are pooled without expiry. It shows what the PD flow itself costs in Python, beside the
+    proxy (the same flow with all of that) and the byte floor (:func:`serve_floor`)."""
+    import uvloop
+
+    head_end, length_key = b"\r\n\r\n", b"content-length:"
+
+    def content_length(head: bytes) -> int:
+        low = head.lower()
+        at = low.find(length_key)
+        return int(low[at + len(length_key):low.find(b"\r\n", at)]) if at >= 0 else 0
+
+    def take_message(buf: bytes) -> tuple[bytes, bytes] | None:
+        """(body, rest) of the first whole Content-Length message in ``buf``, or None while it is incomplete."""
+        end = buf.find(head_end)
+        if end < 0:
+            return None
+        n = content_length(buf[:end])
+        if len(buf) < end + 4 + n:
+            return None
+        return buf[end + 4:end + 4 + n], buf[end + 4 + n:]
+
+    def engine_request(path: bytes, body: bytes) -> bytes:
+        return (b"POST %s HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                % (path, len(body))) + body
+
+    class Engine(asyncio.Protocol):
+        """One kept-alive engine connection: collects a prefill answer, or relays a decode answer."""
+
+        def __init__(self, idle: list["Engine"]):
+            self.idle, self.buf = idle, b""
+            self.answer: asyncio.Future[bytes] | None = None
+            self.client: asyncio.Transport | None = None
+            self.head_sent = False
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport  # type: ignore[assignment]
+
+        def data_received(self, data: bytes) -> None:
+            if self.client is not None:  # decode: relay, the chunked body as it came
+                if not self.head_sent:
+                    self.head_sent = True
+                    data = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                            + data[data.find(head_end) + 4:])
+                self.client.write(data)
+                if data.endswith(b"0\r\n\r\n"):  # the last chunk: the connection is free again
+                    self.client, self.head_sent = None, False
+                    self.idle.append(self)
+                return
+            self.buf += data
+            got = take_message(self.buf)
+            if got is None:
+                return
+            body, self.buf = got[0], b""
+            answer, self.answer = self.answer, None
+            self.idle.append(self)
+            if answer is not None:
+                answer.set_result(body)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self in self.idle:
+                self.idle.remove(self)
+
+    idle: list[Engine] = []
+
+    async def engine() -> Engine:
+        if idle:
+            return idle.pop()
+        _, proto = await asyncio.get_running_loop().create_connection(lambda: Engine(idle), "127.0.0.1", engine_port)
+        return proto
+
+    class Client(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport, self.buf = transport, b""  # type: ignore[assignment]
+
+        def data_received(self, data: bytes) -> None:
+            self.buf += data
+            got = take_message(self.buf)
+            if got is None:
+                return
+            body, self.buf = got
+            asyncio.ensure_future(self.handle(body))
+
+        async def handle(self, body: bytes) -> None:
+            req = json.loads(body)
+            prefill = dict(req, stream=False, max_tokens=1, min_tokens=1, kv_transfer_params={
+                "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                "remote_block_ids": None, "remote_host": None, "remote_port": None})
+            prefill.pop("stream_options", None)
+            up = await engine()
+            up.answer = asyncio.get_running_loop().create_future()
+            up.transport.write(engine_request(b"/v1/completions", json.dumps(prefill).encode()))
+            kv = json.loads(await up.answer).get("kv_transfer_params")
+            decode = body[:body.rfind(b"}")] + b', "kv_transfer_params": ' + json.dumps(kv).encode() + b"}"
+            down = await engine()
+            down.client = self.transport
+            down.transport.write(engine_request(b"/v1/completions", decode))
+
+    async def main() -> None:
+        await asyncio.get_running_loop().create_server(Client, "127.0.0.1", port, backlog=4096)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
 # ------------------------------------------------------------------ load generator
 async def one_stream(session: aiohttp.ClientSession, url: str, tokens: int, gap: float, stop_at: float,
                      lat_ns: list[int], ttft: list[float], counts: list[int]) -> None:
@@ -372,6 +481,10 @@ async def relay_vs_nginx(args: argparse.Namespace) -> dict:
     floor = subprocess.Popen([sys.executable, "-m", "benchmarks.proxy_overhead", "--serve-floor", str(floor_port),
                               str(stub_port)], cwd=ROOT)
     floor_url = f"http://127.0.0.1:{floor_port}"
+    pd_floor_port = free_port()
+    pd_floor = subprocess.Popen([sys.executable, "-m", "benchmarks.proxy_overhead", "--serve-pd-floor",
+                                 str(pd_floor_port), str(stub_port)], cwd=ROOT)
+    pd_floor_url = f"http://127.0.0.1:{pd_floor_port}"
     c, gap = args.relay_streams, args.relay_streams / args.relay_rate
     tokens = args.relay_tokens
     pairs = []
@@ -382,11 +495,15 @@ async def relay_vs_nginx(args: argparse.Namespace) -> dict:
         await run_load(nginx_url, 16, 16, 0.0, 1.0)
         pids = proc_tree(proxy.pid)
         await run_load(floor_url, 16, 16, 0.0, 1.0)
+        await run_load(pd_floor_url, 16, 16, 0.0, 1.0)
         for i in range(args.repeats):
-            order = ("nginx", "proxy", "floor") if i % 2 == 0 else ("proxy", "nginx", "floor")
+            order = (("nginx", "proxy", "pd_floor", "floor") if i % 2 == 0
+                     else ("proxy", "nginx", "floor", "pd_floor"))
             got = {}
             for which in order:
-                if which == "nginx":
+                if which == "pd_floor":
+                    got["pd_floor"] = await run_load(pd_floor_url, c, tokens, gap, args.duration_s, cpu_pid=pd_floor.pid)
+                elif which == "nginx":
                     got["nginx"] = await run_load(nginx_url, c, tokens, gap, args.duration_s, cpu_pid=nginx_worker)
                 elif which == "floor":
                     got["floor"] = await run_load(floor_url, c, tokens, gap, args.duration_s, cpu_pid=floor.pid)
@@ -398,11 +515,14 @@ async def relay_vs_nginx(args: argparse.Namespace) -> dict:
                     ev = await proxy_counter(proxy_url, "ascend_proxy_relayed_events_total") - ev0
                     got["proxy"]["events_per_write"] = ev / max(1.0, ch)
             got["ratio"] = got["proxy"]["tok_per_cpu_s"] / got["nginx"]["tok_per_cpu_s"]
+            got["pd_floor_ratio"] = got["pd_floor"]["tok_per_cpu_s"] / got["nginx"]["tok_per_cpu_s"]
             print(f"relay repeat {i + 1}: nginx {got['nginx']['tok_per_cpu_s']:.0f} tok/CPU-s, proxy "
-                  f"{got['proxy']['tok_per_cpu_s']:.0f} tok/CPU-s, ratio {got['ratio']:.2f}", file=sys.stderr)
+                  f"{got['proxy']['tok_per_cpu_s']:.0f} tok/CPU-s, ratio {got['ratio']:.2f}; PD floor "
+                  f"{got['pd_floor']['tok_per_cpu_s']:.0f} ({got['pd_floor_ratio']:.2f}x), byte floor "
+                  f"{got['floor']['tok_per_cpu_s']:.0f}", file=sys.stderr)
             pairs.append(got)
     finally:
-        for p in (proxy, stub, nginx, floor):
+        for p in (proxy, stub, nginx, floor, pd_floor):
             p.terminate()
             p.wait(timeout=10)
     return {"streams": c, "gap": gap, "tokens": tokens, "pairs": pairs}
@@ -459,7 +579,30 @@ async def worker_scaling(args: argparse.Namespace) -> list[dict]:
     return out
 
 
-def render_relay(args: argparse.Namespace, rel: dict | None, scaling: list[dict] | None) -> str:
+def previous_scaling(path: Path | None = None) -> str | None:
+    """The worker-scaling part of the ``proxy_relay`` section now in docs/benchmarks.md, with the command
+    that measured it, or None: a run without ``--workers-scaling`` keeps it instead of dropping it."""
+    from benchmarks.report import BENCHMARKS_MD
+
+    path = path or BENCHMARKS_MD
+    text = path.read_text() if path.exists() else ""
+    begin, end = "<!-- BEGIN proxy_relay -->", "<!-- END proxy_relay -->"
+    if begin not in text or end not in text:
+        return None
+    section = text.split(begin, 1)[1].split(end, 1)[0]
+    at = section.find("Worker scaling")
+    if at < 0:
+        return None
+    kept = section[at:].strip()
+    if kept.startswith("Worker scaling (kept"):
+        return kept
+    cmd = next((line.strip()[len("Command: "):] for line in section.splitlines() if line.startswith("Command: ")),
+               "an earlier run")
+    return f"Worker scaling (kept from {cmd}): " + kept[len("Worker scaling: "):]
+
+
+def render_relay(args: argparse.Namespace, rel: dict | None, scaling: list[dict] | None,
+                 kept_scaling: str | None = None) -> str:
     from benchmarks.report import machine_line
 
     cmd = "python -m benchmarks.proxy_overhead " + " ".join(sys.argv[1:])
@@ -469,30 +612,37 @@ def render_relay(args: argparse.Namespace, rel: dict | None, scaling: list[dict]
            f"load average before the run: {args.loadavg}.", ""]
     if rel is not None:
         ratios = [p["ratio"] for p in rel["pairs"]]
-        med = {w: median_dict([p[w] for p in rel["pairs"]]) for w in ("nginx", "proxy", "floor")}
+        pd_ratios = [p["pd_floor_ratio"] for p in rel["pairs"]]
+        med = {w: median_dict([p[w] for p in rel["pairs"]]) for w in ("nginx", "proxy", "pd_floor", "floor")}
         out += [
             f"Relay cost at one token per SSE event: {rel['streams']} streams, token gap {rel['gap'] * 1e3:.1f} ms "
             f"({args.relay_rate:g} tokens/s offered), {rel['tokens']} tokens/request, {args.duration_s:g} s per run; "
             "nginx 1.22 (one worker, `proxy_buffering off`, upstream keep-alive) relays the stub decode directly, "
             "the proxy (one worker) runs the full PD flow (prefill request, then the decode stream relayed). "
             "CPU = utime + stime from /proc/<pid>/stat of the nginx worker and of the proxy process. "
-            f"Runs alternate nginx / proxy (then the floor), {args.repeats} rounds; medians.", "",
+            f"Runs alternate nginx / proxy (then the two floors), {args.repeats} rounds; medians.", "",
             "| relay | tokens/s | CPU s | tokens per CPU-second | token latency p50 / p99 (ms) | errors |",
             "|---|---|---|---|---|---|",
         ]
         names = {"nginx": "nginx 1.22", "proxy": "proxy (PD flow)",
+                 "pd_floor": "PD floor: minimal PD flow in Python on uvloop (not a proxy)",
                  "floor": "floor: bare byte relay in Python on uvloop (not a proxy)"}
-        for w in ("nginx", "proxy", "floor"):
+        for w in ("nginx", "proxy", "pd_floor", "floor"):
             m = med[w]
             out.append(f"| {names[w]} | {m['tok_s']:.0f} | {m['proxy_cpu_s']:.2f} | {m['tok_per_cpu_s']:.0f} "
                        f"| {m['lat_p50']:.2f} / {m['lat_p99']:.2f} | {m['errors']:.0f} |")
         out += ["", f"Proxy / nginx tokens per CPU-second: median **{statistics.median(ratios):.2f}x** "
                     f"(per pair: {', '.join(f'{r:.2f}' for r in ratios)}); goal >= 0.9x. "
                     f"SSE events per proxy write: {med['proxy']['events_per_write']:.2f}. "
-                    f"Floor / nginx: {med['floor']['tok_per_cpu_s'] / med['nginx']['tok_per_cpu_s']:.2f}x: "
+                    f"PD floor / nginx: median {statistics.median(pd_ratios):.2f}x "
+                    f"(per pair: {', '.join(f'{r:.2f}' for r in pd_ratios)}): the PD flow alone (hand-parsed "
+                    "client request, prefill round trip and decode request on pooled engine connections "
+                    "that never expire, decode bytes relayed as read; no limits, timeouts, validation, "
+                    "metrics, routing, retries or error handling; `serve_pd_floor`). "
+                    f"Byte floor / nginx: {med['floor']['tok_per_cpu_s'] / med['nginx']['tok_per_cpu_s']:.2f}x: "
                     "a Python relay that only forwards bytes (one `data_received` -> `write` per read, no "
-                    "HTTP, no PD flow) on uvloop; the proxy's distance to it is its own per-event and "
-                    "per-request work.", ""]
+                    "HTTP, no PD flow) on uvloop. The proxy's distance to the PD floor is the cost of its "
+                    "features per event and per request.", ""]
     if scaling is not None:
         one = scaling[0]
         out += [
@@ -510,6 +660,8 @@ def render_relay(args: argparse.Namespace, rel: dict | None, scaling: list[dict]
             out.append(f"| {r['workers']} | {r['tok_s']:.0f} | {r['tok_s'] / one['tok_s']:.2f}x "
                        f"| {r['proxy_cpu_s']:.2f} | {r['tok_per_cpu_s']:.0f} | {r['imbalance']:.3f} "
                        f"| {r['peak_over_mean']:.2f} | {r['lat_p99']:.1f} | {r['errors']:.0f} |")
+    elif kept_scaling:
+        out.append(kept_scaling)
     return "\n".join(out)
 
 
@@ -556,6 +708,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--serve-stub", help=argparse.SUPPRESS)
     ap.add_argument("--serve-floor", nargs=2, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--serve-pd-floor", nargs=2, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[64, 256, 1024])
     ap.add_argument("--tokens", type=int, default=0, help="tokens per request (0: about half a run)")
     ap.add_argument("--rate", type=float, default=4000.0, help="aggregate offered tokens/s")
@@ -578,6 +731,9 @@ def main() -> None:
     if args.serve_floor:
         serve_floor(*args.serve_floor)
         return
+    if args.serve_pd_floor:
+        serve_pd_floor(*args.serve_pd_floor)
+        return
     args.loadavg = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     from benchmarks.report import write_section
 
@@ -589,7 +745,7 @@ def main() -> None:
     if args.nginx or args.workers_scaling:
         rel = asyncio.run(relay_vs_nginx(args)) if args.nginx else None
         scaling = asyncio.run(worker_scaling(args)) if args.workers_scaling else None
-        md = render_relay(args, rel, scaling)
+        md = render_relay(args, rel, scaling, previous_scaling() if scaling is None else None)
         print(md)
         if args.write:
             write_section("proxy_relay", md)

@@ -58,13 +58,8 @@ def relayed_error_event(status: int, body: bytes) -> bytes:
     return sse_error_event(body.decode(errors="replace"), status)
 
 
-@web.middleware
-async def json_not_found(request: web.Request, handler: Any) -> web.StreamResponse:
-    """No route: ``{"detail": "Not Found"}`` 404 / ``{"detail": "Method Not Allowed"}`` 405 (FastAPI's answers)."""
-    try:
-        return await handler(request)
-    except web.HTTPMethodNotAllowed as exc:
-        return web.Response(body=_dumps({"detail": "Method Not Allowed"}), status=405, content_type="application/json",
-                            headers={"Allow": ", ".join(sorted(exc.allowed_methods))})
-    except web.HTTPNotFound:
-        return web.Response(body=_dumps({"detail": "Not Found"}), status=404, content_type="application/json")
+def json_detail(status: int, detail: str, headers: dict[str, str] | None = None) -> web.Response:
+    """FastAPI's answer for a path or method with no route: ``{"detail": "Not Found"}`` (404) or
+    ``{"detail": "Method Not Allowed"}`` (405, with ``Allow``)."""
+    return web.Response(body=_dumps({"detail": detail}), status=status, content_type="application/json",
+                        headers=headers)

@@ -5,6 +5,11 @@ Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 GET /health and /healthcheck, GET /metrics, and the admin API (admin.py).
 Errors are in vLLM 0.23.0's shape (errors.py); other paths answer 404
 ``{"detail": "Not Found"}``.
+
+The routes are served by aiohttp's low-level ``web.Server`` with one dict
+lookup per request (:class:`Routes`) instead of an ``Application`` with its
+URL dispatcher and middleware chain, which cost CPU on every request
+(docs/proxy.md, "Relay cost").
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import logging
 import signal
 from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -21,7 +27,7 @@ from aiohttp import web
 from ascend_runtime.proxy.admin import AdminApi
 from ascend_runtime.proxy.config import ProxyConfig
 from ascend_runtime.proxy.discovery import FileDiscovery, KubernetesDiscovery
-from ascend_runtime.proxy.errors import error_response, json_not_found
+from ascend_runtime.proxy.errors import error_response, json_detail
 from ascend_runtime.proxy.forward import Forwarder
 from ascend_runtime.proxy.health import HealthChecker
 from ascend_runtime.proxy.instances import InstanceSpec, check_unique
@@ -30,6 +36,40 @@ from ascend_runtime.proxy.pool import InstancePool
 from ascend_runtime.proxy.workers import WorkerGroup, is_local
 
 log = logging.getLogger(__name__)
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+class Routes:
+    """Exact-path routing: ``{path: {method: handler}}``, one dict lookup per request.
+
+    GET routes answer HEAD too (as aiohttp's ``web.get``); an unknown path is 404
+    ``{"detail": "Not Found"}``, a known path with another method 405
+    ``{"detail": "Method Not Allowed"}`` with ``Allow`` (FastAPI's answers, errors.py).
+    """
+
+    def __init__(self) -> None:
+        self.table: dict[str, dict[str, Handler]] = {}
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        methods = self.table.setdefault(path, {})
+        methods[method] = handler
+        if method == "GET":
+            methods.setdefault("HEAD", handler)
+
+    def add_defs(self, defs: list[web.RouteDef]) -> None:
+        """Add aiohttp route definitions (``web.get``/``web.post``, as admin.py lists them)."""
+        for d in defs:
+            self.add(d.method, d.path, d.handler)  # type: ignore[arg-type]
+
+    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
+        methods = self.table.get(request.path)
+        if methods is None:
+            return json_detail(404, "Not Found")
+        handler = methods.get(request.method)
+        if handler is None:
+            return json_detail(405, "Method Not Allowed", {"Allow": ", ".join(sorted(methods))})
+        return await handler(request)
 
 
 @dataclass
@@ -42,7 +82,7 @@ class Proxy:
     session: aiohttp.ClientSession
     forwarder: Forwarder
     health: HealthChecker
-    app: web.Application
+    routes: Routes
     file_discovery: FileDiscovery | None = None
     k8s_discovery: KubernetesDiscovery | None = None
     extra_tasks: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -60,7 +100,7 @@ class ProxyHandle:
     """A running proxy: ``url`` to send requests to, ``stop()`` to shut it down."""
 
     proxy: Proxy
-    runner: web.AppRunner
+    runner: web.BaseRunner
     host: str
     port: int
 
@@ -120,8 +160,8 @@ def build_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None,
     session = aiohttp.ClientSession(connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",))
     forwarder = Forwarder(config, pool, metrics, session)
     health = HealthChecker(pool, session, config.health_interval_s, config.health_timeout_s)
-    app = web.Application(client_max_size=config.limits.max_body_bytes, middlewares=[json_not_found])
-    proxy = Proxy(config, pool, metrics, session, forwarder, health, app, k8s_discovery=k8s)
+    routes = Routes()
+    proxy = Proxy(config, pool, metrics, session, forwarder, health, routes, k8s_discovery=k8s)
 
     async def completions(request: web.Request) -> web.StreamResponse:
         return await forwarder.handle(request, "/v1/completions")
@@ -156,15 +196,13 @@ def build_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None,
         msg = "no instance answered /v1/models" + (f" ({'; '.join(failures)})" if failures else ": none configured")
         return error_response(503, msg)
 
-    app.add_routes([
-        web.post("/v1/completions", completions),
-        web.post("/v1/chat/completions", chat),
-        web.get("/v1/models", models),
-        web.get("/health", health_route),
-        web.get("/healthcheck", health_route),
-        web.get("/metrics", metrics_route),
-        *AdminApi(pool, config.admin_token, group).routes(),
-    ])
+    routes.add("POST", "/v1/completions", completions)
+    routes.add("POST", "/v1/chat/completions", chat)
+    routes.add("GET", "/v1/models", models)
+    routes.add("GET", "/health", health_route)
+    routes.add("GET", "/healthcheck", health_route)
+    routes.add("GET", "/metrics", metrics_route)
+    routes.add_defs(AdminApi(pool, config.admin_token, group).routes())
     if config.instances:
         proxy.apply_static(list(config.instances), "static")
     if config.instances_file is not None:
@@ -192,8 +230,16 @@ async def start_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = Non
     # keepalive_timeout: aiohttp closes a connection that has not sent a complete request head this long
     # after it opened or after the previous answer (the header timeout; also the keep-alive idle timeout).
     # lingering_time=0: a refused body (413) is never read; the connection is closed after the answer.
-    runner = web.AppRunner(proxy.app, handler_cancellation=True, access_log=None,
-                           keepalive_timeout=config.limits.header_timeout_s, lingering_time=0)
+    max_body = config.limits.max_body_bytes
+    loop = asyncio.get_running_loop()
+
+    def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> web.BaseRequest:
+        # request.read() (admin API) is limited as the completion bodies are (Limits.max_body_bytes)
+        return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=max_body)
+
+    server = web.Server(proxy.routes, request_factory=make_request, handler_cancellation=True, access_log=None,
+                        keepalive_timeout=config.limits.header_timeout_s, lingering_time=0)
+    runner = web.ServerRunner(server)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True,
                        reuse_port=config.reuse_port or None)

@@ -104,3 +104,12 @@ async def test_unknown_routes_answer_json_as_fastapi_does(stubs, proxy, http):
     async with http.get(px.url + "/v1/completions") as r:
         assert r.status == 405
         assert await r.json() == {"detail": "Method Not Allowed"}
+        assert r.headers["Allow"] == "POST"
+    async with http.post(px.url + "/health") as r:  # a GET route answers GET and HEAD only
+        assert r.status == 405 and r.headers["Allow"] == "GET, HEAD"
+    async with http.get(px.url + "/health") as r:
+        get_status = r.status
+    async with http.head(px.url + "/health") as r:  # served by the GET handler, not 405
+        assert r.status == get_status and r.status != 405
+    async with http.get(px.url + "/health/") as r:  # exact paths, as before
+        assert r.status == 404
