@@ -45,3 +45,19 @@ def edited_plan(tmp_path: Path) -> Callable[..., Plan]:
         return load_plan(name, target)
 
     return make
+
+
+@pytest.fixture
+def with_stage_setting() -> Callable[[Plan, str, str, Any], Plan]:
+    """``with_stage_setting(plan, role, key, value)``: ``plan`` with ``config[role][key] = value`` set after
+    validation: a Plan carrying a setting the stack rules refuse, to test the render-time conformance check
+    that stands behind them."""
+    import copy
+    import dataclasses
+
+    def make(plan: Plan, role: str, key: str, value: Any) -> Plan:
+        config = copy.deepcopy(plan.config)
+        config[role][key] = value
+        return dataclasses.replace(plan, config=config)
+
+    return make

@@ -110,6 +110,14 @@ SANITY: dict[str, dict[str, list[str]]] = {
         "env_vars": ["VLLM_HOST_IP", "VLLM_ASCEND_ENABLE_NZ", "DYNAMIC_EPLB"],
         "kv_connectors": ["MooncakeConnectorV1", "MooncakeLayerwiseConnector", "NixlConnector", "MultiConnector"],
         "expert_map_keys": ["moe_layer_count", "layer_list", "device_list", "device_expert"],
+        "json_option_fields:--kv-transfer-config": [
+            "kv_connector", "kv_role", "kv_port", "engine_id", "kv_connector_extra_config", "kv_connector_module_path",
+        ],
+        "json_option_fields:--speculative-config": ["method", "num_speculative_tokens"],
+        "json_option_fields:--compilation-config": ["cudagraph_mode", "cudagraph_capture_sizes"],
+        "cudagraph_modes": ["FULL_DECODE_ONLY", "NONE"],
+        "speculative_methods": ["mtp", "deepseek_mtp"],
+        "speculative_method_rewrites": ["deepseek_mtp"],
         "metrics": [
             "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
             "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:time_to_first_token_seconds",
@@ -131,6 +139,8 @@ SANITY: dict[str, dict[str, list[str]]] = {
         "env_vars": ["VLLM_HOST_IP", "VLLM_ASCEND_ENABLE_MLAPO", "DYNAMIC_EPLB"],
         "kv_connectors": ["LLMDataDistCMgrConnector", "MooncakeConnectorV1", "NixlConnector"],
         "expert_map_keys": ["moe_layer_count", "layer_list", "device_count", "device_list", "device_expert"],
+        "json_option_fields:--kv-transfer-config": ["kv_connector", "kv_role", "kv_port", "kv_connector_extra_config"],
+        "speculative_methods": ["deepseek_mtp"],
         "metrics": [
             "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
             "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:time_to_first_token_seconds",
@@ -335,6 +345,7 @@ def build_surface(release: Release, vllm: Any, ascend: Any) -> dict[str, Any]:
     vllm_registry = {c.name: c for c in rules.register_connector_calls(vllm, "vllm", rules.Workspace(vllm, ascend))}
     expert = rules.extract_expert_map_keys(ascend)
     policies = rules.extract_eplb_policies(ascend)
+    options = rules.extract_json_options(vllm, ascend)
     metrics: dict[str, Any] = {}
     skipped: list[str] = []
     for tree, package in ((vllm, "vllm"), (ascend, "vllm_ascend")):
@@ -375,6 +386,10 @@ def build_surface(release: Release, vllm: Any, ascend: Any) -> dict[str, Any]:
             "writers": sorted(expert.writers),
         },
         "eplb_policies": {str(k): v for k, v in sorted(policies.items())},
+        "json_option_fields": {flag: names for flag, names in sorted(options.fields.items())},
+        "cudagraph_modes": sorted(options.cudagraph_modes),
+        "speculative_methods": options.speculative_methods,
+        "speculative_method_rewrites": options.speculative_method_rewrites,
         "metrics": {name: m.type for name, m in sorted(metrics.items())},
         "metrics_hidden": sorted(name for name, m in metrics.items() if m.hidden),
         "metric_modules": {name: m.module for name, m in sorted(metrics.items())},
@@ -400,6 +415,8 @@ def sanity_failures(surface: Mapping[str, Any]) -> list[str]:
             have = env
         elif key == "expert_map_keys":
             have = expert
+        elif key.startswith("json_option_fields:"):
+            have = set(surface["json_option_fields"].get(key.split(":", 1)[1], []))
         else:
             have = set(surface[key])
         failures += [f"{key}: {item}" for item in expected if item not in have]

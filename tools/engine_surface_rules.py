@@ -30,6 +30,7 @@ __all__ = [
     "extract_env_table",
     "extract_eplb_policies",
     "extract_expert_map_keys",
+    "extract_json_options",
     "extract_kv_connectors",
     "extract_metrics",
     "extract_serve_flags",
@@ -1519,3 +1520,158 @@ def extract_metrics(tree: SourceTree, package: str) -> tuple[dict[str, Metric], 
             if prev is None or (prev.hidden and not m.hidden):
                 metrics[m.name] = m
     return metrics, sorted(skipped)
+
+
+# --------------------------------------------------------------------------- #
+# 7. JSON-valued serve options (--kv-transfer-config, --speculative-config, --compilation-config)
+# --------------------------------------------------------------------------- #
+
+#: ``vllm serve`` options whose JSON value vLLM builds a config dataclass from (``@config`` pydantic dataclasses
+#: forbid unknown keys), and the class each is parsed into.
+JSON_OPTION_CLASSES: dict[str, tuple[str, str]] = {
+    "--kv-transfer-config": ("vllm.config.kv_transfer", "KVTransferConfig"),
+    "--speculative-config": ("vllm.config.speculative", "SpeculativeConfig"),
+    "--compilation-config": ("vllm.config.compilation", "CompilationConfig"),
+}
+
+
+@dataclass
+class JsonOptions:
+    """What the JSON-valued options accept: keys per option, and the values of the enumerated fields."""
+
+    fields: dict[str, list[str]] = field(default_factory=dict)
+    cudagraph_modes: list[str] = field(default_factory=list)
+    speculative_methods: list[str] = field(default_factory=list)
+    #: method -> the method ``SpeculativeConfig.__post_init__`` replaces it by (deprecated spellings).
+    speculative_method_rewrites: dict[str, str] = field(default_factory=dict)
+
+
+def _class_def(ws: Workspace, modname: str, name: str) -> Definition:
+    defn = ws.resolve(modname, name)
+    if defn is None or not isinstance(defn.node, ast.ClassDef):
+        raise ExtractionError(f"class {name} not found in {modname}")
+    return defn
+
+
+def literal_strings(ws: Workspace, modname: str, node: ast.expr, _depth: int = 0) -> set[str]:
+    """String values of a ``Literal[...]`` annotation, following module-level aliases and nested Literals.
+
+    ``X | None`` / ``Optional[X]`` contribute the values of ``X``. Raises :class:`ExtractionError` on a member
+    that is neither a string, ``None``, nor an alias of one of those.
+    """
+    if _depth > 8:
+        raise ExtractionError(f"alias chain too deep in {modname}: {ast.unparse(node)}")
+    if isinstance(node, ast.Constant):
+        if node.value is None:
+            return set()
+        if isinstance(node.value, str):
+            return {node.value}
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return literal_strings(ws, modname, node.left, _depth + 1) | literal_strings(ws, modname, node.right, _depth + 1)
+    if isinstance(node, ast.Subscript) and terminal_name(node.value) in {"Literal", "Optional", "Union"}:
+        args = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        out: set[str] = set()
+        for arg in args:
+            out |= literal_strings(ws, modname, arg, _depth + 1)
+        return out
+    name = terminal_name(node)
+    if name == "None":
+        return set()
+    if name is not None:
+        alias = ws.resolve(modname, name)
+        if alias is not None and isinstance(alias.node, (ast.Assign, ast.AnnAssign)) and alias.node.value is not None:
+            return literal_strings(ws, alias.module, alias.node.value, _depth + 1)
+    raise ExtractionError(f"not a Literal of strings in {modname}: {ast.unparse(node)}")
+
+
+def enum_members(defn: Definition) -> list[str]:
+    """Member names of an ``enum.Enum`` class (class-level assignments to upper-case names)."""
+    assert isinstance(defn.node, ast.ClassDef)
+    names = [t.id for stmt in defn.node.body if isinstance(stmt, ast.Assign)
+             for t in stmt.targets if isinstance(t, ast.Name) and t.id.isupper()]
+    if not names:
+        raise ExtractionError(f"enum {defn.node.name} in {defn.module} has no members")
+    return names
+
+
+def _method_rewrites(ws: Workspace, modname: str, func: ast.AST) -> dict[str, str]:
+    """``if self.method in <Alias | get_args(Alias)> [and self.method != "c"]: ... self.method = "c"``."""
+    out: dict[str, str] = {}
+    for node in ast.walk(func):
+        if not isinstance(node, ast.If):
+            continue
+        targets = [s.value.value for s in node.body if isinstance(s, ast.Assign) and len(s.targets) == 1
+                   and dotted(s.targets[0]) == "self.method" and isinstance(s.value, ast.Constant)
+                   and isinstance(s.value.value, str)]
+        if not targets:
+            continue
+        tests = node.test.values if isinstance(node.test, ast.BoolOp) else [node.test]
+        for test in tests:
+            if not (isinstance(test, ast.Compare) and dotted(test.left) == "self.method"
+                    and isinstance(test.ops[0], ast.In)):
+                continue
+            group = test.comparators[0]
+            if isinstance(group, ast.Call) and terminal_name(group.func) == "get_args" and group.args:
+                group = group.args[0]
+            if isinstance(group, ast.Tuple):
+                members = {e.value for e in group.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+            else:
+                alias = ws.resolve(modname, terminal_name(group) or "")
+                if alias is None or not isinstance(alias.node, (ast.Assign, ast.AnnAssign)):
+                    continue
+                value = alias.node.value
+                members = ({e.value for e in value.elts if isinstance(e, ast.Constant)}
+                           if isinstance(value, ast.Tuple) else literal_strings(ws, alias.module, value))
+            for member in members - {targets[0]}:
+                out[member] = targets[0]
+    return out
+
+
+def _patched_post_init(vllm_ascend: SourceTree | None, ws: Workspace) -> tuple[str, ast.AST] | None:
+    """A vllm_ascend function assigned over ``SpeculativeConfig.__post_init__`` (the patch replaces vLLM's)."""
+    if vllm_ascend is None:
+        return None
+    for path in vllm_ascend.grep("SpeculativeConfig.__post_init__", "vllm_ascend/"):
+        mod = vllm_ascend.module(path)
+        for node in mod.body:
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and dotted(node.targets[0]) == "SpeculativeConfig.__post_init__"):
+                name = terminal_name(node.value)
+                for fn in mod.body:
+                    if isinstance(fn, ast.FunctionDef) and fn.name == name:
+                        return module_name(path), fn
+    return None
+
+
+def extract_json_options(vllm: SourceTree, vllm_ascend: SourceTree | None = None) -> JsonOptions:
+    """Keys and enumerated values of the JSON-valued options.
+
+    Reads vllm/config/kv_transfer.py ``KVTransferConfig``, vllm/config/speculative.py ``SpeculativeConfig``
+    (the ``method`` annotation's Literal values; the method spellings ``__post_init__`` rewrites, taken from
+    the vllm_ascend function assigned over ``SpeculativeConfig.__post_init__`` when the plugin patches it,
+    vllm_ascend/patch/platform/patch_config.py in 0.11) and vllm/config/compilation.py
+    ``CompilationConfig`` / ``CUDAGraphMode``. Keys are the dataclass init fields.
+    """
+    ws = Workspace(vllm, *([vllm_ascend] if vllm_ascend is not None else []))
+    result = JsonOptions()
+    for flag, (modname, cls_name) in JSON_OPTION_CLASSES.items():
+        defn = _class_def(ws, modname, cls_name)
+        names = sorted(n for n in dataclass_fields(ws, defn, init_only=True) if not n.startswith("_"))
+        if not names:
+            raise ExtractionError(f"{cls_name} in {modname} has no dataclass fields")
+        result.fields[flag] = names
+    spec = _class_def(ws, "vllm.config.speculative", "SpeculativeConfig")
+    fields = dataclass_fields(ws, spec)
+    if "method" not in fields:
+        raise ExtractionError("SpeculativeConfig has no field 'method'")
+    owner, ann = fields["method"]
+    result.speculative_methods = sorted(literal_strings(ws, owner.module, ann))
+    patched = _patched_post_init(vllm_ascend, ws)
+    if patched is not None:
+        result.speculative_method_rewrites = dict(sorted(_method_rewrites(ws, patched[0], patched[1]).items()))
+    else:
+        post_init = class_methods(spec.node).get("__post_init__")  # type: ignore[arg-type]
+        if post_init is not None:
+            result.speculative_method_rewrites = dict(sorted(_method_rewrites(ws, spec.module, post_init).items()))
+    result.cudagraph_modes = enum_members(_class_def(ws, "vllm.config.compilation", "CUDAGraphMode"))
+    return result

@@ -16,22 +16,53 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ascend_runtime.engine.releases import METRICS
+from ascend_runtime.engine.releases import METRICS, RELEASES
 from ascend_runtime.engine.surface import EngineSurface, load_surface
 from ascend_runtime.planner.plan import Plan
 
 METRIC_NAME = re.compile(r"vllm:[a-z_:]+")
-JSON_FLAGS = ("--additional-config", "--kv-transfer-config")
+JSON_FLAGS = ("--additional-config", "--kv-transfer-config", "--speculative-config", "--compilation-config")
 
 
-def flag_violations(argv: list[str], surface: EngineSurface, where: str) -> list[str]:
-    """Every ``--flag`` of an argv that ``vllm serve`` of the release does not accept."""
+def flag_violations(argv: list[str], surface: EngineSurface, where: str,
+                    ignored: Mapping[str, str] | None = None) -> list[str]:
+    """Every ``--flag`` of an argv that ``vllm serve`` of the release does not accept, or accepts and resets.
+
+    ``ignored``: flag -> why the release resets it on Ascend (``EngineRelease.ignored_flags``).
+    """
     out = []
     for word in argv[2:]:
         if word.startswith("--"):
             flag = word.split("=", 1)[0]
             if not surface.has_flag(flag):
                 out.append(f"{where}: flag {flag} is not accepted by vllm serve of vLLM {surface.vllm_version}")
+            elif ignored and flag in ignored:
+                out.append(f"{where}: flag {flag} is ignored by vLLM-Ascend {surface.release}: {ignored[flag]}")
+    return out
+
+
+def json_option_violations(flag: str, config: Mapping[str, Any], surface: EngineSurface, where: str) -> list[str]:
+    """Keys of a JSON-valued option its vLLM config class lacks (the class forbids extra keys), bad enum values.
+
+    ``--speculative-config`` ``method`` must be a value the release accepts and not a deprecated spelling it
+    rewrites; ``--compilation-config`` ``cudagraph_mode`` must name a ``CUDAGraphMode`` member.
+    """
+    out = []
+    fields = surface.json_option_fields.get(flag)
+    if fields is not None:
+        out += [f"{where}: {flag} key {key!r} is not a field of vLLM {surface.vllm_version}'s config for it"
+                for key in config if key not in fields]
+    if flag == "--speculative-config" and "method" in config:
+        method = config["method"]
+        if method not in surface.speculative_methods:
+            out.append(f"{where}: {flag} method {method!r} is not accepted by vLLM {surface.vllm_version}")
+        elif method in surface.speculative_method_rewrites:
+            out.append(f"{where}: {flag} method {method!r} is deprecated in vLLM {surface.vllm_version} (rewritten "
+                       f"to {surface.speculative_method_rewrites[method]!r}); render the new name")
+    if flag == "--compilation-config" and "cudagraph_mode" in config:
+        mode = config["cudagraph_mode"]
+        if mode not in surface.cudagraph_modes:
+            out.append(f"{where}: {flag} cudagraph_mode {mode!r} is not a CUDAGraphMode of vLLM {surface.vllm_version}")
     return out
 
 
@@ -73,16 +104,19 @@ def kv_transfer_violations(config: Mapping[str, Any], surface: EngineSurface, wh
     return out
 
 
-def command_violations(argv: list[str], surface: EngineSurface, where: str) -> list[str]:
-    """Flags, additional-config keys and the KV connector of one engine command line."""
-    out = flag_violations(argv, surface, where)
+def command_violations(argv: list[str], surface: EngineSurface, where: str,
+                       ignored: Mapping[str, str] | None = None) -> list[str]:
+    """Flags, additional-config keys, the KV connector and the JSON options' keys of one engine command line."""
+    out = flag_violations(argv, surface, where, ignored)
     for flag in JSON_FLAGS:
         if flag in argv:
             value = json.loads(argv[argv.index(flag) + 1])
             if flag == "--additional-config":
                 out += additional_config_violations(value, surface, where)
-            else:
+                continue
+            if flag == "--kv-transfer-config":
                 out += kv_transfer_violations(value, surface, where)
+            out += json_option_violations(flag, value, surface, where)
     return out
 
 
@@ -118,8 +152,10 @@ def plan_violations(plan: Plan, dashboard: str | None = None) -> list[str]:
 
     surface = load_surface(plan.vllm_ascend_version)
     out: list[str] = []
+    row = RELEASES.get(plan.vllm_ascend_version)
+    ignored = row.ignored_flags if row is not None else None
     for rank in plan.ranks:
-        out += command_violations(engine_command(plan, rank), surface, rank.name)
+        out += command_violations(engine_command(plan, rank), surface, rank.name, ignored)
         out += env_violations(rank_env(plan, rank), surface, RUNTIME_ENV, rank.name)
     base = set(METRICS.values())
     missing = sorted(base - set(surface.metrics))

@@ -68,6 +68,10 @@ class EngineRelease:
     mtp_method: str
     #: eplb_policy_type value per policy name (empty where EPLB has no selectable policy).
     eplb_policies: Mapping[str, int] = field(default_factory=dict)
+    #: hardware kinds on which the release's MoE dispatch selection consults the fused-MC2 switch.
+    fused_mc2_hardware: frozenset[str] = frozenset()
+    #: ``vllm serve`` flags the release accepts but resets on Ascend, with the reason (and stack key to change).
+    ignored_flags: Mapping[str, str] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def connector(self, dialect: str) -> Connector:
@@ -130,12 +134,13 @@ RELEASES: Mapping[str, EngineRelease] = MappingProxyType(
             default_dialect="mooncake",
             graph="aclgraph",
             redundancy="eplb_config",
-            env_switches=MappingProxyType(
-                {"mlapo": "VLLM_ASCEND_ENABLE_MLAPO", "fused_mc2": "VLLM_ASCEND_ENABLE_FUSED_MC2",
-                 "dynamic_eplb": "DYNAMIC_EPLB"}
-            ),
+            # MLAPO and fused MC2 are read through AscendConfig._get_config_value: the additional_config key
+            # wins, the VLLM_ASCEND_* env fallback logs "will be removed in the next release" (ascend_config.py)
+            env_switches=MappingProxyType({"dynamic_eplb": "DYNAMIC_EPLB"}),
             config_keys=MappingProxyType(
                 {
+                    "mlapo": "enable_mlapo",
+                    "fused_mc2": "enable_fused_mc2",
                     "multistream_shared_expert": "multistream_overlap_shared_expert",
                     "recompute_scheduler": "recompute_scheduler_enable",
                     "weight_nz": "weight_nz_mode",
@@ -150,10 +155,22 @@ RELEASES: Mapping[str, EngineRelease] = MappingProxyType(
                 }
             ),
             llmdd_rpc_port_env=None,
-            mtp_method="deepseek_mtp",
+            # vLLM v0.23.0 vllm/config/speculative.py SpeculativeConfig.__post_init__: every other MTP model type
+            # ("deepseek_mtp", ...) "is deprecated and replaced with mtp"; vllm_ascend tests method == "mtp"
+            mtp_method="mtp",
             eplb_policies=MappingProxyType({"random": 0, "default": 1, "swift_balancer": 2, "flashlb": 3}),
+            fused_mc2_hardware=frozenset({"cm384"}),
+            ignored_flags=MappingProxyType(
+                {
+                    "--enable-dbo": "vllm_ascend/platform.py _fix_incompatible_config resets enable_dbo to False "
+                    "on Ascend (v0.23.0); remove <role>.micro_batching",
+                }
+            ),
             sources=MappingProxyType(
                 {
+                    "fused_mc2": "vllm_ascend/ascend_forward_context.py select_moe_comm_method: only "
+                    "_select_a3_moe_comm_method reads enable_fused_mc2; 2 = dispatch_gmm_combine_decode on decode "
+                    "within the MC2 token capacity, W8A8 (envs.py) (v0.23.0)",
                     "connectors": "vllm_ascend/distributed/kv_transfer/__init__.py register_connector (v0.23.0)",
                     "graph": "vllm/config/vllm.py _set_cudagraph_sizes (vllm v0.23.0); vllm_ascend/platform.py "
                     "_get_default_max_cudagraph_capture_size (v0.23.0)",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from types import MappingProxyType
 from typing import Any
@@ -39,6 +39,13 @@ class EngineSurface:
     expert_map_keys: frozenset[str]
     eplb_policies: Mapping[int, str]
     metrics: Mapping[str, str]
+    #: JSON-valued option ("--kv-transfer-config", ...) -> the keys its vLLM config dataclass accepts.
+    json_option_fields: Mapping[str, frozenset[str]] = field(default_factory=lambda: MappingProxyType({}))
+    #: ``CUDAGraphMode`` member names (``--compilation-config`` ``cudagraph_mode``).
+    cudagraph_modes: frozenset[str] = frozenset()
+    #: values ``--speculative-config`` ``method`` accepts, and the deprecated ones vLLM rewrites (old -> new).
+    speculative_methods: frozenset[str] = frozenset()
+    speculative_method_rewrites: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def exposed_metric_names(self) -> frozenset[str]:
         """Sample names that appear on ``/metrics``: a gauge's own name, ``_total`` of a counter,
@@ -113,6 +120,10 @@ def _from_json(data: Mapping[str, Any]) -> EngineSurface:
         expert_map_keys=frozenset(expert_map["read"]) | frozenset(expert_map["written"]),
         eplb_policies=_frozen_map({int(k): v for k, v in data["eplb_policies"].items()}),
         metrics=_frozen_map(data["metrics"]),
+        json_option_fields=_frozen_map({k: frozenset(v) for k, v in data["json_option_fields"].items()}),
+        cudagraph_modes=frozenset(data["cudagraph_modes"]),
+        speculative_methods=frozenset(data["speculative_methods"]),
+        speculative_method_rewrites=_frozen_map(data["speculative_method_rewrites"]),
     )
 
 

@@ -55,6 +55,11 @@ CHIPS_PER_CARD = {"atlas-800i-a2": 1, "cm384": 2}
 STATUSES = ("ok", "changed", "would_change", "skip", "fail")
 
 
+def _truthy(value: Any) -> bool:
+    """A playbook variable given as ``true`` (YAML) or ``"true"``/``"1"``/``"yes"``."""
+    return value is True or str(value).strip().lower() in ("true", "1", "yes")
+
+
 @dataclass
 class StepResult:
     """The outcome of one step on one host."""
@@ -471,6 +476,13 @@ class Runner:
         if not changes:
             return "ok", "unchanged (" + ", ".join(f"{k}={w}" for k, w in want.items()) + ")", current
         text = ", ".join(f"{k} {c or '(unset)'} -> {w}" for k, (c, w) in changes.items())
+        replaced = {k: c for k, (c, _) in changes.items() if c}
+        if step.replace_guard and replaced and not _truthy(ctx.get(step.replace_guard)):
+            why = (f"the host already has {', '.join(f'{k}={c}' for k, c in replaced.items())}; replacing it cuts "
+                   f"whatever uses it: check the inventory, then re-run with --var {step.replace_guard}=true")
+            if self.check:
+                return "would_change", f"would set {text} (refused without --var {step.replace_guard}=true)", current
+            return "fail", f"not replaced ({text}): {why}", current
         if self.check:
             return "would_change", f"would set {text}", current
         res = self._run_one(session, step, render(step.set or "", ctx), deadline)

@@ -29,7 +29,9 @@ node's ``name``, ``host_ip``, ``nic`` and per device ``device_id``, ``card``,
 ``netdetect`` and ``vnic_ip`` (A3 VNIC IP, ``-vnic -g``; unset on A2). Expectations map a field to a value (equality) or to one
 operator: ``eq``, ``ne``, ``in``, ``not_in``, ``regex``, ``present``,
 ``ge``/``le`` (numbers), ``version`` (a component of the matrix),
-``min_version``/``max_version``.
+``min_version``/``max_version``. A ``set`` step with ``replace_guard: VAR``
+sets values that are unset but refuses to replace one the host already has
+unless the playbook variable ``VAR`` is true (``--var VAR=true``).
 """
 
 from __future__ import annotations
@@ -82,6 +84,9 @@ class Step(BaseModel):
     get: str | None = None
     want: dict[str, Any] = Field(default_factory=dict)
     set: str | None = None
+    #: ``set`` steps: a playbook variable that must be true to *replace* a value the host already has (one that
+    #: is set and differs); values that are unset are set regardless. Unset variable: no guard.
+    replace_guard: str | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> Step:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ascend_runtime.config.stack import Role, StackConfig, StageConfig
+from ascend_runtime.engine.releases import RELEASES
 from ascend_runtime.hardware import hardware_spec
 from ascend_runtime.perf import model as pm
 from ascend_runtime.planner.memory import estimate_memory
@@ -120,6 +121,13 @@ def score(config: StackConfig, role: Role, stage: StageConfig, current: bool = F
     return Candidate(role, stage.dp, stage.tp, d, stage.micro_batching, b, step, tps, headroom, current)
 
 
+def honours_micro_batching(version: str) -> bool:
+    """Whether the release runs ``--enable-dbo`` (two micro-batches) rather than resetting it on Ascend
+    (``EngineRelease.ignored_flags``); candidates with micro-batching are only proposed where it runs."""
+    row = RELEASES.get(version)
+    return row is not None and "--enable-dbo" not in row.ignored_flags
+
+
 def candidates(config: StackConfig, role: Role, version: str, graph: bool, recompute: bool) -> list[Candidate]:
     """Scored candidates of a stage, best tokens/s per NPU first (the stack's own layout marked current)."""
     stage = config.stage(role)
@@ -132,7 +140,8 @@ def candidates(config: StackConfig, role: Role, version: str, graph: bool, recom
             continue
         dp = npus // tp
         for d in _module_options(role, dp, tp):
-            for micro in ((False, True) if role == "prefill" else (stage.micro_batching,)):
+            for micro in ((False, True) if role == "prefill" and honours_micro_batching(version) else
+                          (stage.micro_batching,)):
                 cand_stage = _stage_with(stage, dp, tp, d, micro)
                 cfg = config.model_copy(update={role: cand_stage})
                 if check_stage_modules(cfg, role, version, graph, recompute):

@@ -20,7 +20,7 @@ from ascend_runtime.engine.releases import (
 from ascend_runtime.engine.surface import load_surface
 
 ROLES: tuple[Role, Role] = ("prefill", "decode")
-MTP_SPEC_TOKENS = 1  # the kit renders deepseek_mtp with one speculative token
+MTP_SPEC_TOKENS = 1  # the kit renders the MTP method (EngineRelease.mtp_method) with one speculative token
 
 
 def graph_mode_on(config: StackConfig, role: Role) -> bool:
@@ -182,6 +182,10 @@ def check_options(config: StackConfig, row: EngineRelease) -> list[Problem]:
             problems.append(Problem(f"{role}.recompute_scheduler", f"vLLM-Ascend {row.version} has no recompute scheduler", True))
         if stage.micro_batching and not surface.has_flag("--enable-dbo"):
             problems.append(Problem(f"{role}.micro_batching", f"vLLM {row.vllm} has no --enable-dbo", True))
+        elif stage.micro_batching and "--enable-dbo" in row.ignored_flags:
+            problems.append(Problem(f"{role}.micro_batching", f"vLLM-Ascend {row.version} resets --enable-dbo to False "
+                                    f"on Ascend ({row.ignored_flags['--enable-dbo'].split(';')[0]})", True,
+                                    f"remove {role}.micro_batching"))
         if stage.api_server_count and not surface.has_flag("--api-server-count"):
             problems.append(Problem(f"{role}.api_server_count", f"vLLM {row.vllm} has no --api-server-count",
                                     stage.api_server_count))

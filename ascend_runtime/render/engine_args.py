@@ -72,6 +72,19 @@ def recompute_scheduler(plan: Plan, role: str) -> bool:
     return True if explicit is None else bool(explicit)
 
 
+def fused_mc2_mode(plan: Plan, role: str) -> int:
+    """Fused MC2 of a stage: 2 (``dispatch_gmm_combine_decode``) on W8A8 decode where the release reads it, else 0.
+
+    vLLM-Ascend 0.23 consults the switch only in its A3 dispatch selection
+    (vllm_ascend/ascend_forward_context.py ``_select_a3_moe_comm_method``, v0.23.0); the A2 selection ignores it,
+    so it is 0 there. Mode 2 is for decode nodes with W8A8 MoE weights (vllm_ascend/envs.py, v0.23.0); with MTP
+    the engine uses it only when the MTP layer is W8A8 too and falls back to MC2 otherwise.
+    """
+    row = engine_release(plan)
+    w8a8 = plan.config["model"]["quantization"] == "w8a8"
+    return 2 if role == "decode" and w8a8 and plan.hardware in row.fused_mc2_hardware else 0
+
+
 def eplb_settings(plan: Plan, role: str) -> dict[str, Any] | None:
     """The stage's EPLB as data: policy type, intervals; None when the stage has no EPLB."""
     eplb = plan.config[role].get("eplb")
@@ -137,6 +150,13 @@ def additional_config(plan: Plan, inst: InstancePlan) -> dict[str, Any]:
         _set_path(extra, keys["recompute_scheduler"], True)
     if stage.get("multistream_overlap_shared_expert"):
         _set_path(extra, keys["multistream_shared_expert"], True)
+    if "mlapo" in keys and plan.config["model"]["quantization"] == "w8a8":
+        # MLAPO on decode only (recipe; 0.23 applies it to KV consumers only, attention/utils.py enabling_mlapo)
+        _set_path(extra, keys["mlapo"], inst.role == "decode")
+    if "fused_mc2" in keys:
+        mode = fused_mc2_mode(plan, inst.role)
+        if mode:
+            _set_path(extra, keys["fused_mc2"], mode)
     if "weight_nz" in keys and plan.config["model"]["quantization"] == "w8a8":
         _set_path(extra, keys["weight_nz"], 1)  # 1: NZ layout for quantised weights (ascend_config.py weight_nz_mode)
     if "flashcomm1" in keys and inst.role == "prefill" and inst.tp > 1:

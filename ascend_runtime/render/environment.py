@@ -6,12 +6,12 @@ the inventory, ASCEND_RT_VISIBLE_DEVICES lists the rank's devices. Engine
 switches are emitted only under the name the targeted release reads
 (:data:`ascend_runtime.engine.releases.RELEASES` ``env_switches``):
 
-- MLAPO (``VLLM_ASCEND_ENABLE_MLAPO``) 1 on decode, 0 on prefill (W8A8 weights only; it costs memory and
-  0.23 enables it by default, vllm_ascend/envs.py);
-- fused MC2 (``VLLM_ASCEND_ENABLE_FUSED_MC2=2``: ``dispatch_gmm_combine_decode``, decode nodes with W8A8
-  only, vllm_ascend/envs.py v0.23.0) on decode where MoE dispatch is MC2 (A2), 0 elsewhere;
+- MLAPO (``VLLM_ASCEND_ENABLE_MLAPO``, 0.11) 1 on decode, 0 on prefill (W8A8 weights only; it costs memory);
 - FlashComm1 (``VLLM_ASCEND_ENABLE_FLASHCOMM1``) on TP prefill where the release reads it as an env var
   (0.11; 0.23 takes ``enable_flashcomm1`` in --additional-config instead);
+- 0.23 reads MLAPO and fused MC2 from ``--additional-config`` (``enable_mlapo``, ``enable_fused_mc2``;
+  the env fallback is deprecated, vllm_ascend/ascend_config.py ``_get_config_value``):
+  :func:`ascend_runtime.render.engine_args.additional_config` renders them, not this module;
 - ``DYNAMIC_EPLB=true`` on a stage with EPLB (asserted by EplbConfig, vllm_ascend/ascend_config.py v0.23.0).
 
 Variables the engine does not read but CANN/HCCL, torch and torch_npu do are
@@ -32,9 +32,8 @@ from typing import Any
 
 from ascend_runtime.config.secrets import env_references, plain_env
 from ascend_runtime.engine.surface import load_surface
-from ascend_runtime.hardware import hardware_spec
 from ascend_runtime.planner.plan import Plan, RankPlan
-from ascend_runtime.render.engine_args import connector, engine_release
+from ascend_runtime.render.engine_args import connector, engine_release, fused_mc2_mode
 from ascend_runtime.render.paths import ranktable_path
 from ascend_runtime.render.ranktables import PD_TABLE
 
@@ -70,11 +69,10 @@ def hccl_intra(plan: Plan, role: str) -> str:
 def moe_switches(plan: Plan, role: str) -> dict[str, str]:
     """Operator switches (env vars) for a stage on the Plan's hardware, as its release names them."""
     switches = engine_release(plan).env_switches
-    dispatch = hardware_spec(plan.hardware).moe_dispatch
     w8a8 = plan.config["model"]["quantization"] == "w8a8"
     env: dict[str, str] = {}
     if "fused_mc2" in switches:
-        env[switches["fused_mc2"]] = "2" if role == "decode" and dispatch == "mc2" and w8a8 else "0"
+        env[switches["fused_mc2"]] = str(fused_mc2_mode(plan, role))
     if "mlapo" in switches and w8a8:
         env[switches["mlapo"]] = "1" if role == "decode" else "0"
     if "flashcomm1" in switches and role == "prefill":

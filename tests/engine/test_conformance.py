@@ -151,3 +151,63 @@ def test_metric_of_another_release_is_caught(plans: dict[str, Plan]) -> None:
     plan = plans["a2-staging"]
     dash = _dashboard(plan).replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
     assert any("gpu_cache_usage_perc" in v for v in conformance.plan_violations(plan, dash))
+
+
+# -- JSON options, deprecated spellings and flags the release resets -------------------------------------------------
+
+
+def _mutated_json(monkeypatch: pytest.MonkeyPatch, name: str, edit) -> None:
+    original = getattr(engine_args, name)
+
+    def mutated(p, x):
+        value = original(p, x)
+        edit(value)
+        return value
+
+    monkeypatch.setattr(engine_args, name, mutated)
+
+
+def test_deprecated_mtp_spelling_is_caught(plans: dict[str, Plan], monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM 0.23 rewrites "deepseek_mtp" to "mtp" with a warning (vllm/config/speculative.py); 0.11 keeps it."""
+    plan = plans["a2-staging"]
+    assert RELEASES["0.23.0"].mtp_method == "mtp" and RELEASES["0.11.0"].mtp_method == "deepseek_mtp"
+    assert load_surface("0.23.0").speculative_method_rewrites["deepseek_mtp"] == "mtp"
+    assert "deepseek_mtp" not in load_surface("0.11.0").speculative_method_rewrites  # vllm_ascend patches it out
+    monkeypatch.setattr(engine_args, "engine_release", lambda p: dataclasses.replace(
+        RELEASES[p.vllm_ascend_version], mtp_method="deepseek_mtp"))
+    found = conformance.plan_violations(plan)
+    assert found and all("'deepseek_mtp' is deprecated" in v for v in found), found[:2]
+
+
+def test_unknown_keys_of_json_options_are_caught(plans: dict[str, Plan], monkeypatch: pytest.MonkeyPatch) -> None:
+    """KVTransferConfig / CompilationConfig forbid extra keys (vllm/config/utils.py config: extra="forbid")."""
+    plan = plans["a2-staging"]
+    _mutated_json(monkeypatch, "kv_transfer_config", lambda c: c.update(kv_connector_extra_confg={}))
+    _mutated_json(monkeypatch, "compilation_config", lambda c: c and c.update(cudagraph_mode="FULL_DECODE"))
+    found = "\n".join(conformance.plan_violations(plan))
+    assert "--kv-transfer-config key 'kv_connector_extra_confg'" in found
+    assert "cudagraph_mode 'FULL_DECODE' is not a CUDAGraphMode" in found
+
+
+def test_every_rendered_json_option_key_is_a_field(plans: dict[str, Plan]) -> None:
+    """The check has data to work with: the rendered keys are a non-empty subset of the surface's fields."""
+    for plan in plans.values():
+        surface = load_surface(plan.vllm_ascend_version)
+        for rank in plan.ranks:
+            argv = engine_args.engine_command(plan, rank)
+            for flag in ("--kv-transfer-config", "--speculative-config", "--compilation-config"):
+                if flag in argv:
+                    keys = set(json.loads(argv[argv.index(flag) + 1]))
+                    assert keys and keys <= surface.json_option_fields[flag], (plan.stack, flag, keys)
+
+
+def test_micro_batching_is_refused_where_ascend_resets_enable_dbo(plans, with_stage_setting) -> None:
+    """vLLM-Ascend 0.23 accepts --enable-dbo and resets it to False (platform.py _fix_incompatible_config).
+
+    The stack rules refuse ``micro_batching`` there first (tests/planner/test_modules.py); this is the
+    render-time check behind them, on a Plan that carries the setting anyway."""
+    plan = with_stage_setting(plans["a2-staging"], "prefill", "micro_batching", True)
+    found = conformance.plan_violations(plan)
+    assert found and all("--enable-dbo is ignored by vLLM-Ascend 0.23.0" in v and "micro_batching" in v
+                         for v in found), found[:2]
+    assert len(found) == len(plan.by_role("prefill")[0].ranks)

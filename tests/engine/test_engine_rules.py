@@ -257,3 +257,72 @@ def test_eplb_guide_accepts_decode_with_more_than_8_experts_per_die() -> None:
     decode = config.decode.model_copy(update={"ep": 16, "dp": 16})
     assert _eplb_guide(config.model_copy(update={"decode": decode}), "decode") == []
     assert _eplb_guide(config, "decode")  # ep 32: 8 per die
+
+
+# -- checks against the released vLLM-Ascend sources (VLLM_ASCEND_SRC=/path/to/vllm-ascend tag checkout) ----------
+
+import ast  # noqa: E402
+import os  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from ascend_runtime.engine.releases import RELEASES  # noqa: E402
+from ascend_runtime.render.engine_args import fused_mc2_mode  # noqa: E402
+
+VLLM_ASCEND_SRC = Path(os.environ.get("VLLM_ASCEND_SRC", "/nonexistent"))
+#: vLLM-Ascend device types (vllm_ascend/utils.py AscendDeviceType) -> the kit's hardware kinds.
+SOC_HARDWARE = {"a2": "atlas-800i-a2", "a3": "cm384"}
+needs_src = pytest.mark.skipif(not (VLLM_ASCEND_SRC / "vllm_ascend" / "platform.py").is_file(),
+                               reason="VLLM_ASCEND_SRC does not point at a vllm-ascend v0.23.0 checkout")
+
+
+def test_fused_mc2_is_rendered_only_on_a3_decode(plans: dict[str, Plan]) -> None:
+    """A2's MoE dispatch selection never reads the switch (ascend_forward_context.py, v0.23.0)."""
+    for plan in plans.values():
+        for inst in plan.instances:
+            got = additional_config(plan, inst).get("enable_fused_mc2")
+            want = 2 if (plan.hardware == "cm384" and inst.role == "decode"
+                         and plan.config["model"]["quantization"] == "w8a8") else None
+            assert got == want, (plan.stack, inst.name, got)
+            assert fused_mc2_mode(plan, inst.role) == (want or 0)
+
+
+@needs_src
+def test_fused_mc2_hardware_is_where_the_release_reads_it() -> None:
+    mod = ast.parse((VLLM_ASCEND_SRC / "vllm_ascend" / "ascend_forward_context.py").read_text())
+    readers = set()
+    for fn in mod.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name.startswith("_select_") and fn.name.endswith("_moe_comm_method"):
+            soc = fn.name.removeprefix("_select_").removesuffix("_moe_comm_method")
+            if "enable_fused_mc2" in ast.unparse(fn):
+                readers.add(soc)
+    assert readers, "no _select_<soc>_moe_comm_method reads enable_fused_mc2: the rule's source moved"
+    assert RELEASES["0.23.0"].fused_mc2_hardware == {SOC_HARDWARE[s] for s in readers if s in SOC_HARDWARE}
+
+
+def _reset_by_platform() -> set[str]:
+    """Engine-config attributes ``_fix_incompatible_config`` resets (``<x>.<attr> = <constant>``).
+
+    Keys of the JSON-valued configs (``speculative_config.quantization``, ``kv_transfer_config.*``) are not
+    ``vllm serve`` flags and are left out.
+    """
+    mod = ast.parse((VLLM_ASCEND_SRC / "vllm_ascend" / "platform.py").read_text())
+    fix = next(n for n in ast.walk(mod) if isinstance(n, ast.FunctionDef) and n.name == "_fix_incompatible_config")
+    return {t.attr for n in ast.walk(fix) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+            for t in n.targets if isinstance(t, ast.Attribute)
+            and not any(s in ast.unparse(t.value) for s in ("speculative_config", "kv_transfer_config"))}
+
+
+@needs_src
+def test_ignored_flags_are_those_the_platform_resets(plans: dict[str, Plan], with_stage_setting) -> None:
+    """Every flag the kit can render is either left alone by vLLM-Ascend or listed in ``ignored_flags``."""
+    reset = _reset_by_platform()
+    assert "enable_dbo" in reset
+    row = RELEASES["0.23.0"]
+    assert {f.removeprefix("--").replace("-", "_") for f in row.ignored_flags} <= reset
+    variants = list(plans.values()) + [with_stage_setting(plans["a2-staging"], "prefill", "micro_batching", True)]
+    rendered = {w.split("=", 1)[0] for p in variants if p.vllm_ascend_version == "0.23.0"
+                for r in p.ranks for w in engine_command(p, r) if w.startswith("--")}
+    assert "--enable-dbo" in rendered
+    for flag in rendered:
+        if flag.removeprefix("--").replace("-", "_") in reset:
+            assert flag in row.ignored_flags, f"vLLM-Ascend 0.23.0 resets {flag}; list it in ignored_flags"

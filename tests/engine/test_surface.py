@@ -316,6 +316,52 @@ class ServeSubcommand:
 '''
 
 
+#: The three config classes the JSON-valued options are parsed into (shapes of vLLM v0.23.0 vllm/config/).
+JSON_CONFIGS = {
+    "vllm/config/kv_transfer.py": '''
+        from dataclasses import field
+        from typing import Any, Literal
+        from vllm.config.utils import config
+        KVRole = Literal["kv_producer", "kv_consumer", "kv_both"]
+        @config
+        class KVTransferConfig:
+            kv_connector: str | None = None
+            kv_role: KVRole | None = None
+            kv_port: int = 14579
+            kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
+            _private: int = field(default=0, init=False)
+    ''',
+    "vllm/config/speculative.py": '''
+        from typing import Literal, get_args
+        from vllm.config.utils import config
+        MTPModelTypes = Literal["deepseek_mtp", "ernie_mtp", "mtp"]
+        EagleModelTypes = Literal["eagle", MTPModelTypes]
+        SpeculativeMethod = Literal["ngram", EagleModelTypes]
+        @config
+        class SpeculativeConfig:
+            num_speculative_tokens: int | None = None
+            method: SpeculativeMethod | None = None
+            def __post_init__(self):
+                if self.method in get_args(MTPModelTypes) and self.method != "mtp":
+                    self.method = "mtp"
+    ''',
+    "vllm/config/compilation.py": '''
+        import enum
+        from vllm.config.utils import config
+        class CUDAGraphMode(enum.Enum):
+            NONE = 0
+            FULL = 2
+            FULL_DECODE_ONLY = (FULL, NONE)
+            def decode_mode(self):
+                return self
+        @config
+        class CompilationConfig:
+            cudagraph_mode: CUDAGraphMode = None
+            cudagraph_capture_sizes: list[int] = None
+    ''',
+}
+
+
 def synthetic_vllm(arg_utils: str = ARG_UTILS, extra: dict[str, str] | None = None) -> object:
     files = {
         "vllm/__init__.py": "",
@@ -324,6 +370,7 @@ def synthetic_vllm(arg_utils: str = ARG_UTILS, extra: dict[str, str] | None = No
         "vllm/engine/arg_utils.py": arg_utils,
         "vllm/entrypoints/openai/cli_args.py": CLI_ARGS,
         "vllm/entrypoints/cli/serve.py": SERVE,
+        **JSON_CONFIGS,
     }
     files.update(extra or {})
     return tree(files)
@@ -601,6 +648,33 @@ def test_expert_map_and_policies() -> None:
     assert keys.written == {"moe_layer_count", "layer_list", "layer_id", "device_list", "device_id", "device_expert"}
     assert rules.extract_eplb_policies(t) == {0: "RandomLoadBalance", 1: "DefaultEplb", 3: "FlashLB"}
     assert rules.extract_eplb_policies(tree({"vllm_ascend/x.py": ""})) == {}
+
+
+def test_json_options_fields_enums_and_method_rewrites() -> None:
+    vllm = synthetic_vllm()
+    opts = rules.extract_json_options(vllm)
+    assert opts.fields == {
+        "--kv-transfer-config": ["kv_connector", "kv_connector_extra_config", "kv_port", "kv_role"],
+        "--speculative-config": ["method", "num_speculative_tokens"],
+        "--compilation-config": ["cudagraph_capture_sizes", "cudagraph_mode"],
+    }
+    assert opts.cudagraph_modes == ["NONE", "FULL", "FULL_DECODE_ONLY"]  # members, not methods
+    assert opts.speculative_methods == ["deepseek_mtp", "eagle", "ernie_mtp", "mtp", "ngram"]  # nested aliases
+    assert opts.speculative_method_rewrites == {"deepseek_mtp": "mtp", "ernie_mtp": "mtp"}
+    # a plugin that replaces __post_init__ (vllm_ascend 0.11 patch_config.py) decides instead of vLLM's
+    ascend = tree({"vllm_ascend/patch/platform/patch_config.py": '''
+        from vllm.config import SpeculativeConfig
+        def __post_init__(self):
+            if self.method in ("[ngram]",):
+                self.method = "ngram"
+        SpeculativeConfig.__post_init__ = __post_init__
+    '''})
+    assert rules.extract_json_options(vllm, ascend).speculative_method_rewrites == {"[ngram]": "ngram"}
+    broken = dict(JSON_CONFIGS, **{"vllm/config/speculative.py": "class SpeculativeConfig:\n    method: int = 0\n"})
+    with pytest.raises(rules.ExtractionError, match="Literal"):
+        rules.extract_json_options(synthetic_vllm(extra=broken))
+    with pytest.raises(rules.ExtractionError, match="KVTransferConfig"):
+        rules.extract_json_options(synthetic_vllm(extra={"vllm/config/kv_transfer.py": ""}))
 
 
 # --------------------------------------------------------------------------- #

@@ -150,7 +150,21 @@ def test_npu_network_check_then_apply(lab) -> None:
     assert [(h.dir / "hccn.conf").read_text() for h in lab.hosts] == conf_before
     assert lab.state(0)["dev.2.ip"] == "198.51.100.200"
 
+    assert "refused without --var replace_addresses=true" in " ".join(
+        r["message"] for r in results(report, "a2-node-00", "would_change"))
+
+    # node-00 dev 2 already has another address: replacing it needs consent; node-01's unset values are set
     rc, report = lab.run("npu-network")
+    assert rc == 1
+    assert _fail_steps(report, "a2-node-00") == {"device IP and netmask", "verify device IP"}
+    (fail,) = [r for r in results(report, "a2-node-00", "fail") if r["step"] == "device IP and netmask"]
+    assert "198.51.100.200" in fail["message"]
+    assert "--var replace_addresses=true" in fail["message"]
+    assert lab.calls(0) == [] and lab.state(0)["dev.2.ip"] == "198.51.100.200"
+    assert sorted(lab.calls(1)) == sorted([f"-i 4 -ip -s address {planned_ip(1, 4)} netmask 255.255.255.0",
+                                           "-i 4 -gateway -s address 198.51.100.1"])
+
+    rc, report = lab.run("npu-network", "--var", "replace_addresses=true")
     assert rc == 0, results(report, status="fail")
     assert lab.calls(0) == [f"-i 2 -ip -s address {planned_ip(0, 2)} netmask 255.255.255.0"]
     assert sorted(lab.calls(1)) == sorted([f"-i 4 -ip -s address {planned_ip(1, 4)} netmask 255.255.255.0",
@@ -203,3 +217,14 @@ def test_staged_model_from_the_stack_checked_on_every_host(lab) -> None:
     for host in ("a2-node-00", "a2-node-03"):
         failed = [r for r in results(report, host, "fail") if "model" in r["step"]]
         assert failed and "model-00001.safetensors" in failed[0]["message"], results(report, host, "fail")
+
+
+def test_shipped_address_writes_are_guarded() -> None:
+    """Every shipped set step that writes an address refuses to replace a configured one without consent."""
+    from ascend_runtime.hosts import playbook as pb
+
+    writes = [(name, s) for name in pb.available() for s in pb.load(name).steps
+              if s.type == "set" and ("-ip -s" in (s.set or "") or "-gateway -s" in (s.set or ""))]
+    assert writes, "no address-writing step found"
+    assert all(s.replace_guard == "replace_addresses" for _, s in writes), [(n, s.name) for n, s in writes]
+    assert pb.load("npu-network").vars["replace_addresses"] is False

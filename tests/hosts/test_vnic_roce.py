@@ -76,7 +76,9 @@ def test_a3_roce_drift_is_repaired_with_the_roce_ip(lab) -> None:
     lab.update_state(0, **{"dev.3.ip": "198.51.100.250"})
     rc, report = lab.run("npu-network", "--check")
     assert rc == 0 and all(lab.calls(i) == [] for i in range(N_HOSTS))
-    rc, report = lab.run("npu-network")
+    rc, report = lab.run("npu-network")  # a configured address is replaced only with consent
+    assert rc == 1 and lab.calls(0) == [] and lab.state(0)["dev.3.ip"] == "198.51.100.250"
+    rc, report = lab.run("npu-network", "--var", "replace_addresses=true")
     assert rc == 0, results(report, status="fail")
     assert lab.calls(0) == [f"-i 3 -ip -s address {planned_ip(0, 3)} netmask 255.255.255.0"]
     assert lab.state(0)["dev.3.ip"] == planned_ip(0, 3)
@@ -120,8 +122,8 @@ def test_a2_runs_no_vnic_command(lab) -> None:
     assert all("vnic_ip" not in d for n in inv["nodes"] for d in n["devices"])
     assert [d["device_ip"] for d in inv["nodes"][2]["devices"]] == [planned_ip(2, d) for d in range(8)]
     lab.update_state(0, **{"dev.1.ip": "198.51.100.250"})
-    for book in ("npu-network", "preflight"):
-        rc, report = lab.run(book)
+    for book, extra in (("npu-network", ("--var", "replace_addresses=true")), ("preflight", ())):
+        rc, report = lab.run(book, *extra)
         assert rc == 0, (book, results(report, status="fail"))
     assert lab.calls(0) == [f"-i 1 -ip -s address {planned_ip(0, 1)} netmask 255.255.255.0"]
     for i in range(N_HOSTS):

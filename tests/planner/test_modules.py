@@ -176,3 +176,18 @@ def test_advise_ranks_the_seed_decode_layout_above_uniform_dp32() -> None:
     tps = [float(line.split()[-2 if "(stack)" not in line else -3]) for line in table]
     assert tps == sorted(tps, reverse=True)  # best first (all fit HBM here)
     assert "ascend-deepseek:decode:" in text and "mlp_tp: 8" in text  # the YAML to paste
+
+
+def test_micro_batching_is_refused_and_never_advised_where_the_release_resets_enable_dbo(
+        stack_copy: Callable[..., Path]) -> None:
+    """vLLM-Ascend v0.23.0 vllm_ascend/platform.py _fix_incompatible_config resets enable_dbo to False on Ascend."""
+    from ascend_runtime.planner.advise import advice_lines, honours_micro_batching
+
+    stacks = stack_copy("a2-staging", edit_config=edit("prefill", micro_batching=True))
+    with pytest.raises(ConfigError) as err:
+        load_plan("a2-staging", str(stacks))
+    text = str(err.value)
+    assert "prefill.micro_batching" in text and "--enable-dbo" in text and "platform.py" in text, text
+    assert not honours_micro_batching("0.23.0")
+    advice = "\n".join(advice_lines(load_plan("a2-staging", None)))
+    assert "micro-batching" not in advice and "micro_batching: true" not in advice

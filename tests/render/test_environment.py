@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ascend_runtime.planner import Plan
+from ascend_runtime.render.engine_args import additional_config
 from ascend_runtime.render.environment import PINNED, rank_env
 from ascend_runtime.render.ranktables import PD_TABLE, instance_table_name, rank_tables
 
@@ -92,17 +93,19 @@ def test_eplb_stage_sets_env_on_its_ranks_only(plans: dict[str, Plan]) -> None:
 
 
 def test_operator_switches_per_release(plans: dict[str, Plan], edited_plan) -> None:
-    a2 = plans["a2-staging"]  # 0.23 on MC2 hardware: fused MC2 (2) and MLAPO on decode only
-    for rank in a2.ranks:
-        env = rank_env(a2, rank)
-        assert env["VLLM_ASCEND_ENABLE_FUSED_MC2"] == ("2" if rank.role == "decode" else "0")
-        assert env["VLLM_ASCEND_ENABLE_MLAPO"] == ("1" if rank.role == "decode" else "0")
-        assert "VLLM_ASCEND_ENABLE_FLASHCOMM1" not in env  # 0.23 takes enable_flashcomm1 in --additional-config
-    cm = plans["cm384-prod"]  # all2all hardware: no fused MC2 anywhere
-    for rank in cm.ranks:
-        env = rank_env(cm, rank)
-        assert env["VLLM_ASCEND_ENABLE_FUSED_MC2"] == "0"
-        assert env["VLLM_ASCEND_ENABLE_MLAPO"] == ("1" if rank.role == "decode" else "0")
+    """0.23 reads MLAPO and fused MC2 from --additional-config (the env fallback is deprecated,
+    ascend_config.py _get_config_value) and consults fused MC2 only on A3 (ascend_forward_context.py
+    _select_a3_moe_comm_method; the A2 selection ignores it), so: A2 none, A3 decode 2."""
+    for stack, fused_decode in (("a2-staging", None), ("cm384-prod", 2)):
+        plan = plans[stack]
+        for inst in plan.instances:
+            extra = additional_config(plan, inst)
+            assert extra["enable_mlapo"] is (inst.role == "decode"), (stack, inst.name)
+            assert extra.get("enable_fused_mc2") == (fused_decode if inst.role == "decode" else None), (stack, inst.name)
+            for rank in inst.ranks:
+                env = rank_env(plan, rank)
+                assert not {"VLLM_ASCEND_ENABLE_FUSED_MC2", "VLLM_ASCEND_ENABLE_MLAPO",
+                            "VLLM_ASCEND_ENABLE_FLASHCOMM1"} & set(env), (stack, rank.name)
     old = edited_plan("a2-staging", lambda c: (
         c["engine"].update(vllm_ascend_version="0.11.0"), c["prefill"].pop("eplb"),
         c["decode"].update(max_num_batched_tokens=256), c["decode"].pop("modules", None),  # 0.23-only keys
@@ -110,5 +113,7 @@ def test_operator_switches_per_release(plans: dict[str, Plan], edited_plan) -> N
     for rank in old.ranks:  # 0.11 has no fused MC2 switch; FlashComm1 is an env var there
         env = rank_env(old, rank)
         assert "VLLM_ASCEND_ENABLE_FUSED_MC2" not in env
+        assert env["VLLM_ASCEND_ENABLE_MLAPO"] == ("1" if rank.role == "decode" else "0")  # env only in 0.11
         if rank.role == "prefill":
             assert env["VLLM_ASCEND_ENABLE_FLASHCOMM1"] == "1"
+    assert all("enable_mlapo" not in additional_config(old, inst) for inst in old.instances)

@@ -60,7 +60,7 @@ def test_script_exports_env_and_argv_verbatim(plans: dict[str, Plan]) -> None:
     plan = plans["a2-staging"]
     text = launch_script(plan, plan.ranks[1])
     assert "export HCCL_IF_IP=192.0.2.12\n" in text
-    assert "'{\"method\":\"deepseek_mtp\",\"num_speculative_tokens\":1}'" in text
+    assert "'{\"method\":\"mtp\",\"num_speculative_tokens\":1}'" in text
     assert "--headless" in text and "exec \"${engine_cmd[@]}\"" not in text
     assert "exec \"${engine_cmd[@]}\"" in launch_script(plan, plan.ranks[0])
 

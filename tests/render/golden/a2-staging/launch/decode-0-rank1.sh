@@ -31,8 +31,6 @@ export OMP_PROC_BIND=false
 export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True
 export TASK_QUEUE_ENABLE=1
 export TP_SOCKET_IFNAME=enp189s0f0
-export VLLM_ASCEND_ENABLE_FUSED_MC2=2
-export VLLM_ASCEND_ENABLE_MLAPO=1
 
 # Files this rank reads; ASCEND_DEPLOY_CHECK_FILES=0 skips the check (tests only).
 required_files=()
@@ -79,13 +77,13 @@ engine_cmd=(
   --quantization
   ascend
   --speculative-config
-  '{"method":"deepseek_mtp","num_speculative_tokens":1}'
+  '{"method":"mtp","num_speculative_tokens":1}'
   --compilation-config
   '{"cudagraph_mode":"FULL_DECODE_ONLY"}'
   --kv-transfer-config
   '{"engine_id":"a2-staging-decode-0-1","kv_buffer_device":"npu","kv_connector":"MooncakeConnectorV1","kv_connector_extra_config":{"decode":{"dp_size":32,"tp_size":1},"prefill":{"dp_size":2,"tp_size":8}},"kv_connector_module_path":"vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector","kv_parallel_size":1,"kv_port":"28016","kv_role":"kv_consumer"}'
   --additional-config
-  '{"finegrained_tp_config":{"mlp_tensor_parallel_size":8},"multistream_overlap_shared_expert":true,"recompute_scheduler_enable":true,"weight_nz_mode":1}'
+  '{"enable_mlapo":true,"finegrained_tp_config":{"mlp_tensor_parallel_size":8},"multistream_overlap_shared_expert":true,"recompute_scheduler_enable":true,"weight_nz_mode":1}'
 )
 
 printf 'ascend-deploy: starting %s on %s (%s), devices %s\n' "$RANK_NAME" a2-node-04 192.0.2.14 "$ASCEND_RT_VISIBLE_DEVICES" >&2

@@ -32,8 +32,6 @@ export OMP_PROC_BIND=false
 export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True
 export TASK_QUEUE_ENABLE=1
 export TP_SOCKET_IFNAME=enp189s0f0
-export VLLM_ASCEND_ENABLE_FUSED_MC2=0
-export VLLM_ASCEND_ENABLE_MLAPO=0
 
 # Files this rank reads; ASCEND_DEPLOY_CHECK_FILES=0 skips the check (tests only).
 required_files=()
@@ -84,11 +82,11 @@ engine_cmd=(
   --quantization
   ascend
   --speculative-config
-  '{"method":"deepseek_mtp","num_speculative_tokens":1}'
+  '{"method":"mtp","num_speculative_tokens":1}'
   --kv-transfer-config
   '{"engine_id":"a2-staging-prefill-0-0","kv_buffer_device":"npu","kv_connector":"MooncakeConnectorV1","kv_connector_extra_config":{"decode":{"dp_size":32,"tp_size":1},"prefill":{"dp_size":2,"tp_size":8}},"kv_connector_module_path":"vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector","kv_parallel_size":1,"kv_port":"28000","kv_role":"kv_producer"}'
   --additional-config
-  '{"enable_flashcomm1":true,"eplb_config":{"algorithm_execution_interval":5,"dynamic_eplb":true,"eplb_heat_collection_stage":"prefill","eplb_policy_type":2,"expert_heat_collection_interval":50,"num_redundant_experts":16},"weight_nz_mode":1}'
+  '{"enable_flashcomm1":true,"enable_mlapo":false,"eplb_config":{"algorithm_execution_interval":5,"dynamic_eplb":true,"eplb_heat_collection_stage":"prefill","eplb_policy_type":2,"expert_heat_collection_interval":50,"num_redundant_experts":16},"weight_nz_mode":1}'
 )
 
 printf 'ascend-deploy: starting %s on %s (%s), devices %s\n' "$RANK_NAME" a2-node-01 192.0.2.11 "$ASCEND_RT_VISIBLE_DEVICES" >&2
