@@ -1,4 +1,5 @@
-"""Every `ascend-deploy ...` command line quoted in README.md, docs/ and the rendered DEPLOYMENT.md parses.
+"""Every `ascend-deploy ...` (or `python -m ascend_runtime ...`) command line quoted in README.md, docs/ and
+the rendered DEPLOYMENT.md parses.
 
 Command lines are taken from code spans and fenced blocks; placeholders (NAME, URL, <stack>, ...) are
 replaced by plausible values, alternatives (`a | b`) and optional parts ([...]) are expanded to their
@@ -18,7 +19,10 @@ from ascend_runtime.planner import load_plan
 from ascend_runtime.render.launch import deployment_sheet
 
 ROOT = Path(__file__).resolve().parents[2]
-CODE = re.compile(r"`([^`\n]*ascend-deploy [^`\n]*)`|^\s*(?:\$ )?(ascend-deploy [^\n]*)$", re.MULTILINE)
+CODE = re.compile(r"`([^`\n]*(?:ascend-deploy|python -m ascend_runtime) [^`\n]*)`"
+                  r"|^\s*(?:\$ )?((?:[A-Z_]+=\S* )*(?:ascend-deploy|python -m ascend_runtime) [^\n]*)$", re.MULTILINE)
+#: what runs the CLI at the start of a documented line: `ascend-deploy`, `python -m ascend_runtime`, after env settings
+LAUNCHER = re.compile(r"^(?:[A-Z_]+=\S* )*(?:ascend-deploy|python -m ascend_runtime) ")
 #: placeholder -> a value the parser accepts
 PLACEHOLDERS = {
     "NAME": "local", "<stack>": "local", "STACK": "local", "DIR": "out", "URL": "http://127.0.0.1:9000",
@@ -29,6 +33,7 @@ PLACEHOLDERS = {
 def _normalise(line: str) -> str | None:
     """A documented command line as the user would type it; None for prose mentions (no option given)."""
     line = line.split("#", 1)[0].strip().rstrip("\\").strip()
+    line = LAUNCHER.sub("ascend-deploy ", line)
     if " --" not in line:
         return None  # a command named in prose (`ascend-deploy plan`), not a line to type
     line = re.sub(r"\s+&&.*$|\s*;.*$|\s*\|\s*(sha256sum|head|tail|jq|grep).*$", "", line)
