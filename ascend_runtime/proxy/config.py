@@ -142,6 +142,11 @@ class ProxyConfig:
     install_sighup: bool = False
     #: listen with SO_REUSEPORT (set for each worker process by ``--workers N``, proxy/workers.py)
     reuse_port: bool = False
+    #: seconds an idle connection to an engine is reused (relay.py's and aiohttp's client alike); below the
+    #: engines' own keep-alive, uvicorn's ``timeout_keep_alive`` = ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` (5 s,
+    #: vllm/envs.py, passed by vllm/entrypoints/openai/api_server.py, v0.23.0), so that no request is sent on
+    #: a connection the engine is closing
+    engine_keepalive_s: float = 4.0
 
     def outlier_policy(self) -> OutlierPolicy:
         """The ejection policy: ``outlier`` if given, else the defaults with ``eject_after`` / ``eject_duration_s``."""

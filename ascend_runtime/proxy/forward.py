@@ -9,7 +9,11 @@ decode answers over aiohttp's client. Failure policy:
 - prefill fails (connect error, 5xx, timeout): retried on another prefill
   instance, up to ``max_attempts`` instances;
 - decode fails before the client got any byte: a new prefill + decode pair is
-  tried (never the failed decode), up to ``max_attempts`` decodes;
+  tried (never the failed decode), up to ``max_attempts`` decodes; a stream that
+  ends with no output (chat role chunks, usage, ``[DONE]``) is such a failure: it
+  is vLLM 0.23.0's answer to a decode that failed before its first token, e.g. a
+  failed KV load (pd.stream_output_state), so a stream's first events are held
+  until one carries output;
 - decode fails after bytes were relayed: the client gets one SSE error event
   and ``[DONE]``; nothing is replayed;
 - the client disconnects: the handler is cancelled, which closes the upstream
@@ -71,6 +75,7 @@ from ascend_runtime.proxy.pd import (
     estimate_prompt_tokens,
     new_request_id,
     sse_events,
+    stream_output_state,
 )
 from ascend_runtime.proxy.pool import InstancePool, InstanceState, NoInstanceError
 from ascend_runtime.proxy.relay import (
@@ -132,7 +137,7 @@ class Forwarder:
         self.decode_timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout_s, sock_read=config.stream_idle_timeout_s)
         #: keep-alive connections of the prefill requests and streamed decodes (relay.py); closed on stop
-        self.relay_pool = ConnectionPool(config.connect_timeout_s)
+        self.relay_pool = ConnectionPool(config.connect_timeout_s, idle_ttl_s=config.engine_keepalive_s)
         self._targets: dict[str, tuple[str, int, str, bool]] = {}
 
     # ---------------------------------------------------------------- entry point
@@ -531,11 +536,25 @@ class Forwarder:
                                 "Content-Type": head.headers.get("content-type", "application/json")}))
                         return ("stream_error", await self._relay_error(client_resp, head.status, body))
                     first = await conn.first_payload()
+                    # held until an event with output: an empty stream is a failure before the first byte
+                    has_output = stream_output_state(first) if first else None
+                    while first and has_output is None and not conn.body_done:
+                        more = await conn.first_payload()
+                        if not more:
+                            break
+                        first += more
+                        has_output = stream_output_state(first)
             except (RelayError, TimeoutError) as exc:
                 reason, hard = (exc.reason, exc.hard) if isinstance(exc, RelayError) else ("decode: timed out", False)
                 return self._decode_retry(d_state, client_id, attempt_id, reason, hard)
             if not first:
                 return self._decode_retry(d_state, client_id, attempt_id, "decode closed the stream before the first byte")
+            if not has_output:
+                # vLLM 0.23.0 streams no output and no error for a request that failed before its first token
+                # (a failed KV load, an abort): pd.stream_output_state
+                return self._decode_retry(d_state, client_id, attempt_id,
+                                          "decode ended the stream without any output (failed before its first "
+                                          "token, e.g. its KV load)")
             pool.end(p_state, p_tokens)
             prefill_held = False
             if tracker.resume and tracker.chat:  # the client already has the role chunk

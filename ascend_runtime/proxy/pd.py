@@ -35,6 +35,7 @@ import copy
 import json
 import random
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 from ascend_runtime.proxy import errors
@@ -205,14 +206,19 @@ class RecomputeTracker:
         return body
 
 
+def _data_payloads(events: list[bytes]) -> Iterator[bytes]:
+    """The payload of every ``data:`` line of the given SSE events (raw bytes, stripped)."""
+    for raw in events:
+        for line in raw.split(b"\n"):
+            line = line.strip()
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
+
+
 def sse_events(blob: bytes) -> list[dict[str, Any]]:
     """Parse the JSON ``data:`` events in ``blob`` (complete SSE events); skip [DONE] and junk."""
     out = []
-    for raw in blob.split(b"\n\n"):
-        line = raw.strip()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
+    for data in _data_payloads(blob.split(b"\n\n")):
         if data == b"[DONE]":
             continue
         try:
@@ -222,6 +228,57 @@ def sse_events(blob: bytes) -> list[dict[str, Any]]:
         if isinstance(obj, dict):
             out.append(obj)
     return out
+
+
+def _has_output(event: dict[str, Any]) -> bool:
+    """Whether one SSE event object is part of an answer: an error object, or a choice with text, a delta
+    field other than the role (content, reasoning, tool calls, ...), log-probabilities or a finish reason.
+    A chat stream's role-only chunk (``delta: {"role": "assistant", "content": ""}``) and the usage chunk
+    (``choices: []``) are not; an object of another shape counts as output (relayed as before)."""
+    if "error" in event:
+        return True
+    choices = event.get("choices")
+    if not isinstance(choices, list):
+        return True
+    for c in choices:
+        if not isinstance(c, dict):
+            return True
+        if (c.get("finish_reason") is not None or c.get("text") or c.get("logprobs") is not None
+                or c.get("token_ids")):
+            return True
+        delta = c.get("delta")
+        if isinstance(delta, dict) and any(v for k, v in delta.items() if k != "role"):
+            return True
+        if c.get("message") is not None:
+            return True
+    return False
+
+
+def stream_output_state(blob: bytes) -> bool | None:
+    """Has the decode stream whose first body bytes are ``blob`` produced an answer?
+
+    True: a complete event with output (:func:`_has_output`) came before ``[DONE]``. False: ``[DONE]`` came
+    first: the stream is empty. None: only events without output so far (or no complete event): read on.
+
+    vLLM 0.23.0 streams nothing but those events for a request that fails before its first token: a
+    decode whose KV load fails (vllm/v1/core/sched/scheduler.py, ``kv_load_failure_policy`` "fail" by
+    default, vllm/config/kv_transfer.py; vllm-ascend v0.23.0's Mooncake connector reports the failed
+    blocks, kv_p2p/mooncake_connector.py ``get_block_ids_with_load_errors``) or an aborted one finishes with
+    no token, and the stream generators skip an output with no text and no token before they check its
+    finish reason ("Chunked prefill case, don't return empty chunks", vllm/entrypoints/openai/
+    completion/serving.py and chat_completion/serving.py, v0.23.0). So the client would get 200, the chat
+    role chunk, the usage chunk and ``data: [DONE]``; the non-streaming answer to the same failure is 500.
+    """
+    for data in _data_payloads(blob.split(b"\n\n")[:-1]):  # the last piece is incomplete (or empty)
+        if data == b"[DONE]":
+            return False
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return True
+        if not isinstance(obj, dict) or _has_output(obj):
+            return True
+    return None
 
 
 def sse_error_event(message: str, code: int = 502, err_type: str | None = None) -> bytes:

@@ -156,7 +156,10 @@ def build_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None,
     metrics = ProxyMetrics()
     pool = InstancePool(weights=config.weights, policy=config.outlier_policy(),
                         active_checks=config.health_interval_s > 0, on_event=metrics.on_pool_event)
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=60, keepalive_timeout=30)
+    # keepalive_timeout below the engines' keep-alive (config.engine_keepalive_s): aiohttp does not resend a POST
+    # whose reused connection the engine closed meanwhile (only idempotent methods are retried)
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=60,
+                                     keepalive_timeout=config.engine_keepalive_s)
     session = aiohttp.ClientSession(connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",))
     forwarder = Forwarder(config, pool, metrics, session)
     health = HealthChecker(pool, session, config.health_interval_s, config.health_timeout_s)

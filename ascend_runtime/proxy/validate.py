@@ -11,7 +11,9 @@ with the same pydantic types (lax mode: ``"16"`` and ``16.0`` are integers,
 - a wrong type, or a missing ``messages``: 400, ``type`` "Bad Request", as
   ``validation_exception_handler`` (``vllm/entrypoints/serve/utils/server_utils.py``)
   answers a ``RequestValidationError``;
-- ``max_tokens`` below 1: 400, ``type`` "BadRequestError", ``param``
+- the output limit below 1 (chat: ``max_completion_tokens`` when set, which makes vLLM ignore
+  ``max_tokens``, else ``max_tokens``; completions: ``max_tokens``, and ``max_completion_tokens``
+  is an unknown field there, ignored): 400, ``type`` "BadRequestError", ``param``
   "max_tokens", message ``max_tokens must be at least 1, got N. (parameter=max_tokens,
   value=N)``, as ``SamplingParams._verify_args`` raises it (``vllm/sampling_params.py``;
   0 is allowed with ``echo`` on completions, as vLLM's echo-only requests).
@@ -42,6 +44,8 @@ class CompletionFields(_Read):
     prompt: (list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]] | str | list[str]
              | None) = None
     max_tokens: int | None = 16
+    #: not a field of vLLM 0.23.0's CompletionRequest: an unknown field, ignored whatever its value
+    max_completion_tokens: Any = None
 
 
 class ChatFields(_Read):
@@ -63,10 +67,14 @@ def check_request(req: dict[str, Any], chat: bool) -> tuple[_Read | None, dict[s
         fields: _Read = (ChatFields if chat else CompletionFields).model_validate(req)
     except ValidationError as exc:
         return None, error_body(_describe(exc), 400)
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = getattr(fields, name)
-        floor = 0 if (name == "max_tokens" and not chat and fields.echo) else 1
-        if value is not None and value < floor:
-            msg = f"max_tokens must be at least 1, got {value}. (parameter=max_tokens, value={value})"
-            return None, error_body(msg, 400, "BadRequestError", param="max_tokens")
+    # the limit the engine uses: chat takes max_completion_tokens when it is set and then ignores max_tokens
+    # (chat_completion/serving.py get_max_tokens, chat_completion/protocol.py build_tok_params, v0.23.0)
+    if chat and fields.max_completion_tokens is not None:
+        value = fields.max_completion_tokens
+    else:
+        value = fields.max_tokens
+    floor = 0 if (not chat and fields.echo) else 1
+    if value is not None and value < floor:
+        msg = f"max_tokens must be at least 1, got {value}. (parameter=max_tokens, value={value})"
+        return None, error_body(msg, 400, "BadRequestError", param="max_tokens")
     return fields, None

@@ -42,8 +42,10 @@ from ascend_runtime.sim.kv import KVPullError, KVStore, pull
 from ascend_runtime.sim.metrics import SimMetrics
 
 log = logging.getLogger("ascend_runtime.sim")
-#: Wall seconds a decode waits on a KV pull before answering 502.
+#: Wall seconds a decode waits on a KV pull before failing the request (Handlers._kv_load_failed).
 KV_PULL_TIMEOUT_S = 60.0
+#: Seconds an idle kept-alive connection stays open (vLLM 0.23.0's ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` default).
+KEEP_ALIVE_S = 5.0
 #: Completion requests whose ids are kept in ``SimState.request_ids``.
 REQUEST_IDS_KEPT = 1024
 
@@ -80,6 +82,8 @@ class SimState:
     kv_port: int = 0
     #: The answers' ``system_fingerprint`` (vLLM's default "full" mode).
     fingerprint: str | None = None
+    #: decode requests failed because their KV pull failed (answered as vLLM does, see Handlers._kv_load_failed)
+    kv_load_failures: int = 0
     stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
     request_ids: collections.deque[RequestIds] = field(
         default_factory=lambda: collections.deque(maxlen=REQUEST_IDS_KEPT))
@@ -103,6 +107,12 @@ def _error(message: str, status: int, err_type: str = "BadRequestError") -> web.
 
 def _api_error(exc: api.ApiError) -> web.Response:
     return _json(exc.body(), exc.status)
+
+
+def _error_event(body: dict[str, Any]) -> bytes:
+    """An error as a stream's event: ``json.dumps`` with its default separators, as
+    ``create_streaming_error_response`` writes it (vllm/entrypoints/openai/engine/serving.py, v0.23.0)."""
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 def system_fingerprint(cfg: SimConfig) -> str:
@@ -178,7 +188,9 @@ class Handlers:
                 res = await self._pull(kvp)
             except KVPullError as exc:
                 st.metrics.failures += 1
-                return _error(str(exc), exc.status, "KVTransferError")
+                st.kv_load_failures += 1
+                log.warning("%s: failing request %s due to KV load failure: %s", st.cfg.instance, seq_ids[0], exc)
+                return await self._kv_load_failed(request, req)
             finally:
                 st.engine.deferred -= 1
             prefilled = True
@@ -254,7 +266,33 @@ class Handlers:
         generators catch the exception and send ``create_streaming_error_response``)."""
         out = self._sse_response()
         await out.prepare(request)
-        await out.write(output.sse(exc.body()) + b"data: [DONE]\n\n")
+        await out.write(_error_event(exc.body()) + b"data: [DONE]\n\n")
+        await out.write_eof()
+        return out
+
+    async def _kv_load_failed(self, request: web.Request, req: api.ParsedRequest) -> web.StreamResponse:
+        """The answer to a decode request whose KV pull failed, as vLLM 0.23.0 gives it.
+
+        The scheduler fails the request (``kv_load_failure_policy`` "fail", the default,
+        vllm/config/kv_transfer.py; vllm/v1/core/sched/scheduler.py ``_handle_invalid_blocks``): an output
+        with no token and ``finish_reason`` "error". Not streaming: 500 ``InternalServerError``
+        "Internal server error" (``GenerationError``, vllm/entrypoints/openai/engine/protocol.py). Streaming:
+        200, and the stream generators skip an output with no text and no token before they check its finish
+        reason, so the stream holds only what precedes it: the chat role chunks (and echo), the usage chunk
+        with ``include_usage``, ``[DONE]``; completions with ``echo`` do reach the check and send the 500 error
+        event (completion/serving.py, chat_completion/serving.py, v0.23.0).
+        """
+        if not req.stream:
+            return _error("Internal server error", 500, "InternalServerError")
+        answer = output.Answer(req, self.st.fingerprint)
+        buf = [output.sse(c) for c in answer.first_chunks()]
+        if not req.chat and req.echo:
+            buf.append(_error_event(api.error_body("Internal server error", 500, "InternalServerError")))
+        elif req.include_usage:
+            buf.append(output.sse(answer.usage_chunk([0] * len(req.choices))))
+        out = self._sse_response()
+        await out.prepare(request)
+        await out.write(b"".join(buf) + b"data: [DONE]\n\n")
         await out.write_eof()
         return out
 
@@ -388,7 +426,8 @@ class Handlers:
             "kv_bytes_sent": k.sent_modelled, "kv_bytes_received": k.received_modelled,
             "kv_wire_bytes": k.sent_wire + k.received_wire, "kv_wire_scale": st.cfg.kv_wire_scale,
             "kv_transfers_out": k.transfers_out, "kv_transfers_in": k.transfers_in,
-            "kv_blocks_expired": k.expired_blocks, "kv_retained_tokens": st.kv.retained_tokens,
+            "kv_blocks_expired": k.expired_blocks, "kv_load_failures": st.kv_load_failures,
+            "kv_retained_tokens": st.kv.retained_tokens,
             "faults": st.faults.as_dict(),
             "decode_steps_by_batch": {
                 str(t): {"steps": int(n), "mean_step_ms": total / n * 1000.0, "mean_moe_ms": moe / n * 1000.0}
@@ -530,7 +569,9 @@ async def start_simulator(config: SimConfig) -> SimHandle:
                   fingerprint=system_fingerprint(cfg))
     kv_server = await asyncio.start_server(kv.handle, cfg.host, cfg.kv_port)
     st.kv_port = kv_server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-    runner = web.AppRunner(build_app(st), access_log=None, handle_signals=False)
+    # keepalive_timeout: uvicorn's timeout_keep_alive in vLLM 0.23.0 (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s, vllm/envs.py;
+    # vllm/entrypoints/openai/api_server.py): an idle kept-alive connection is closed after 5 s
+    runner = web.AppRunner(build_app(st), access_log=None, handle_signals=False, keepalive_timeout=KEEP_ALIVE_S)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, backlog=2048)
     await site.start()

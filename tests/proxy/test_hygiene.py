@@ -51,7 +51,11 @@ async def test_malformed_fields_get_vllm_400s_and_are_not_forwarded(stubs, proxy
     assert p.engine.requests == [] and d.engine.requests == []
     # what vLLM accepts passes: lax integers, and no model (vLLM uses the served model)
     for url, body in ((comp, {**REQ, "max_tokens": "3"}), (comp, {"prompt": "hi"}), (chat, CHAT),
-                      (comp, {**REQ, "max_tokens": 0, "echo": True})):
+                      (comp, {**REQ, "max_tokens": 0, "echo": True}),
+                      # chat with max_completion_tokens ignores max_tokens (vLLM 0.23.0 get_max_tokens);
+                      # completions have no max_completion_tokens field: ignored, whatever its value
+                      (chat, {**CHAT, "max_completion_tokens": 3, "max_tokens": 0}),
+                      (comp, {**REQ, "max_completion_tokens": 0}), (comp, {**REQ, "max_completion_tokens": "x"})):
         status, answer = await _post(http, url, body)
         assert status == 200, (body, answer)
     assert "model" not in p.engine.requests[1]
@@ -60,7 +64,7 @@ async def test_malformed_fields_get_vllm_400s_and_are_not_forwarded(stubs, proxy
     assert 'ascend_proxy_requests_total{endpoint="/v1/completions",outcome="client_error",status="400"} 8.0' in text
     assert 'ascend_proxy_requests_total{endpoint="/v1/chat/completions",outcome="client_error",status="400"} 5.0' \
         in text
-    assert 'ascend_proxy_requests_total{endpoint="/v1/completions",outcome="success",status="200"} 3.0' in text
+    assert 'ascend_proxy_requests_total{endpoint="/v1/completions",outcome="success",status="200"} 5.0' in text
 
 
 async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, dict]:

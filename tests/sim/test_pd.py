@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 from ascend_runtime.config.model import ModelShape
 
@@ -43,10 +44,13 @@ async def test_pd_round_trip_moves_modelled_kv_bytes(sim, http):
     assert ps["kv_bytes_sent"] == ds["kv_bytes_received"] == 2048 * KV_BYTES
     assert ds["kv_wire_bytes"] == -(-2048 * KV_BYTES // 1024)
     assert ds["generation_tokens"] == 4 and ds["prompt_tokens"] == 0  # no local prefill
-    # blocks are freed once pulled: a second pull is refused cleanly
+    # blocks are freed once pulled: a second pull fails the request as vLLM 0.23.0 fails a KV load
+    # (streamed: no output, no error event, see test_kv_load_failure_answers_as_vllm)
     async with http.post(f"{d.url}/v1/completions", json=body) as r:
-        assert r.status == 400
-        assert "unknown or expired block ids" in (await r.json())["error"]["message"]
+        assert r.status == 200
+        assert await r.read() == b"data: [DONE]\n\n"
+    async with http.get(f"{d.url}/admin/stats") as r:
+        assert (await r.json())["kv_load_failures"] == 1
 
 
 async def test_kv_transfer_is_throttled_to_link_rate(sim, http):
@@ -63,15 +67,19 @@ async def test_kv_transfer_is_throttled_to_link_rate(sim, http):
     assert modelled_ms / 2 * 0.9 <= wall_ms <= modelled_ms / 2 + 200
 
 
-async def test_expired_block_ids_fail_cleanly(sim, http):
+INTERNAL = {"error": {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": 500}}
+
+
+async def test_expired_block_ids_fail_cleanly(sim, http, caplog):
     p = await sim(role="prefill", kv_timeout_s=5.0, speedup=100.0)  # 50 ms wall
     d = await sim(role="decode")
     kv = (await prefill(http, p, "a b c d"))["kv_transfer_params"]
     await asyncio.sleep(0.15)
-    async with http.post(f"{d.url}/v1/completions", json={"prompt": "a b c d", "kv_transfer_params": kv}) as r:
-        assert r.status == 400
-        err = await r.json()
-    assert "unknown or expired block ids" in err["error"]["message"]
+    with caplog.at_level("WARNING", logger="ascend_runtime.sim"):
+        async with http.post(f"{d.url}/v1/completions", json={"prompt": "a b c d", "kv_transfer_params": kv}) as r:
+            assert r.status == 500
+            assert await r.json() == INTERNAL  # GenerationError, as vLLM 0.23.0 answers a failed KV load
+    assert "unknown or expired block ids" in caplog.text  # the reason is in the log, as vLLM logs it
     async with http.get(f"{p.url}/admin/stats") as r:
         assert (await r.json())["kv_blocks_expired"] == 1
     # the decode still serves other requests
@@ -79,13 +87,40 @@ async def test_expired_block_ids_fail_cleanly(sim, http):
         assert r.status == 200
 
 
-async def test_unknown_engine_and_unreachable_kv_port(sim, http):
+async def test_unknown_engine_and_unreachable_kv_port(sim, http, caplog):
     p = await sim(role="prefill")
     d = await sim(role="decode")
     kv = dict((await prefill(http, p, "x y"))["kv_transfer_params"], remote_engine_id="someone-else")
-    async with http.post(f"{d.url}/v1/completions", json={"prompt": "x y", "kv_transfer_params": kv}) as r:
-        assert r.status == 400
-        assert "someone-else" in (await r.json())["error"]["message"]
-    kv["remote_port"] = 1  # nothing listens there
-    async with http.post(f"{d.url}/v1/completions", json={"prompt": "x y", "kv_transfer_params": kv}) as r:
-        assert r.status == 502
+    with caplog.at_level("WARNING", logger="ascend_runtime.sim"):
+        async with http.post(f"{d.url}/v1/completions", json={"prompt": "x y", "kv_transfer_params": kv}) as r:
+            assert r.status == 500 and await r.json() == INTERNAL
+        assert "someone-else" in caplog.text
+        kv["remote_port"] = 1  # nothing listens there
+        async with http.post(f"{d.url}/v1/completions", json={"prompt": "x y", "kv_transfer_params": kv}) as r:
+            assert r.status == 500 and await r.json() == INTERNAL
+        assert "cannot connect to KV port" in caplog.text
+
+
+async def test_kv_load_failure_answers_as_vllm(sim, http):
+    """Streamed, vLLM 0.23.0 skips the failed output (no text, no token) before checking its finish reason:
+    chat gets its role chunk, the usage chunk if asked, ``[DONE]``; completions with echo get the 500 event."""
+    d = await sim(role="decode")
+    bad = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "gone",
+           "remote_block_ids": [1], "remote_host": "127.0.0.1", "remote_port": 1}
+    chat = {"messages": [{"role": "user", "content": "hi there"}], "stream": True, "kv_transfer_params": bad,
+            "stream_options": {"include_usage": True}}
+    async with http.post(f"{d.url}/v1/chat/completions", json=chat, headers={"X-Request-Id": "r1"}) as r:
+        assert r.status == 200 and r.headers["Content-Type"] == "text/event-stream; charset=utf-8"
+        events = (await r.text()).split("\n\n")
+    role, usage = json.loads(events[0][6:]), json.loads(events[1][6:])
+    assert role["id"] == "chatcmpl-r1" and role["choices"] == [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 0
+    assert events[2:] == ["data: [DONE]", ""]
+    echo = {"prompt": "a b", "echo": True, "stream": True, "kv_transfer_params": bad}
+    async with http.post(f"{d.url}/v1/completions", json=echo) as r:
+        assert r.status == 200
+        assert await r.read() == (b'data: {"error": {"message": "Internal server error", "type": '
+                                  b'"InternalServerError", "param": null, "code": 500}}\n\ndata: [DONE]\n\n')
+    async with http.get(f"{d.url}/admin/stats") as r:
+        assert (await r.json())["kv_load_failures"] == 2
