@@ -45,6 +45,7 @@ from ascend_runtime.local.processes import (
     start_process,
     stop_process_group,
 )
+from ascend_runtime.config.errors import ConfigError
 from ascend_runtime.local.state import ProcessRecord, StackState
 from ascend_runtime.local.topology import (
     TOKEN_FILES,
@@ -323,11 +324,35 @@ def bring_up(plan: Plan, state_dir: Path, options: UpOptions, console: Console, 
     return state
 
 
-def wait_while_serving(state: StackState, poll_s: float = 0.5) -> str:
-    """Block until a process dies; returns which. Stop signals arrive as :class:`Interrupted` (a SignalGuard)."""
+def wait_while_serving(state: StackState, poll_s: float = 0.5, state_dir: Path | None = None,
+                       replace_grace_s: float = 10.0) -> str:
+    """Block until a process dies; returns which. Stop signals arrive as :class:`Interrupted` (a SignalGuard).
+
+    With ``state_dir`` the processes are re-read from its state.json on every poll (``state.processes`` is
+    updated), so a process that ``rollout`` replaced (lifecycle.stop_one, then start_one, each recording the
+    change) is followed to its new pid instead of counting as an exit. A recorded pid that is dead counts as
+    an exit once it has stayed recorded for ``replace_grace_s`` seconds (a replacement drops the record right
+    after the process stops); state.json removed (``down`` from another shell) ends the wait at once.
+    """
+    dead_since: dict[tuple[str, int], float] = {}
     while True:
+        if state_dir is not None:
+            try:
+                current = StackState.load(state_dir)
+            except ConfigError:
+                current = state  # unreadable for a moment: keep what we had
+            if current is None:  # whoever removed it stopped the processes: nothing of ours is left to stop
+                state.processes = []
+                return f"the stack's state was removed from {state_dir} (`ascend-deploy down`?)"
+            state.processes = current.processes
+        now = time.monotonic()
+        recorded = {(r.name, r.pid) for r in state.processes}
+        dead_since = {k: t for k, t in dead_since.items() if k in recorded}
         for record in state.processes:
-            if not is_alive(record.pid):
+            if is_alive(record.pid):
+                continue
+            first = dead_since.setdefault((record.name, record.pid), now)
+            if state_dir is None or now - first >= replace_grace_s:
                 return f"{record.name} exited (log: {record.log})"
         time.sleep(poll_s)
 

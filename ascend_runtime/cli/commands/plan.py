@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_stack_options(parser)
     parser.add_argument("--json", action="store_true", help="print the Plan as deterministic JSON")
     parser.add_argument("--advise", action="store_true",
-                        help="compare candidate per-stage layouts with the performance model (docs/planning.md)")
+                        help="compare candidate per-stage layouts with the performance model (docs/modules.md)")
     parser.set_defaults(func=run)
 
 
