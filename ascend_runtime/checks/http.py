@@ -17,9 +17,13 @@ class EndpointError(ValueError):
 def base_url(endpoint: str) -> str:
     """Normalise ``http://host:port[/v1][/]`` to ``http://host:port`` (raises EndpointError)."""
     url = endpoint.strip().rstrip("/")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise EndpointError(f"not an http(s) URL: {endpoint!r}")
+    try:
+        parts = urlsplit(url)
+        host, _port = parts.hostname, parts.port  # .port raises ValueError on a port outside 0..65535
+    except ValueError:
+        raise EndpointError(f"not an http(s) URL with a valid port: {endpoint!r}; e.g. http://127.0.0.1:8000") from None
+    if parts.scheme not in ("http", "https") or not host or any(c.isspace() for c in url) or parts.port == 0:
+        raise EndpointError(f"not an http(s) URL with a host: {endpoint!r}; e.g. http://127.0.0.1:8000")
     if url.endswith("/v1"):
         url = url[: -len("/v1")]
     return url

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime as _dt
 import json
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +36,8 @@ from ascend_runtime.checks.prompts import request_body, size_prompts
 from ascend_runtime.checks.sse import DONE, SSEDecoder, chunk_text
 
 _perf = time.perf_counter
+#: Largest token length, request count or concurrency the options take (2^20; prompts are built in memory).
+MAX_COUNT = 1 << 20
 Api = Literal["completions", "chat"]
 
 
@@ -60,26 +63,27 @@ class ThroughputConfig:
     progress: bool = True
 
     def validate(self) -> None:
-        """Raise ValueError naming the CLI option of the first invalid field."""
+        """Raise ValueError naming the CLI option of the first invalid field (EndpointError for the URL).
+
+        Counts are whole numbers from 1 (``--warmup`` from 0) up to :data:`MAX_COUNT`; rates, times and
+        SLOs finite and above 0 (``inf`` is no timeout: leave the option at its default)."""
         base_url(self.endpoint)
-        checks = [
-            (self.input_len >= 1, "--input-len must be >= 1"),
-            (self.output_len >= 1, "--output-len must be >= 1"),
-            (self.num_prompts >= 1, "--num-prompts must be >= 1"),
-            (self.concurrency is None or self.concurrency >= 1, "--concurrency must be >= 1"),
-            (self.request_rate is None or self.request_rate > 0, "--request-rate must be > 0"),
-            (self.warmup >= 0, "--warmup must be >= 0"),
-            (self.npus is None or self.npus >= 1, "--npus must be >= 1"),
-            (self.timeout_s > 0, "--timeout-s must be > 0"),
-            (self.burstiness > 0, "--burstiness must be > 0"),
-            (self.api in ("completions", "chat"), "--api must be completions or chat"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise ValueError(msg)
-        for name, v in (("--slo-ttft-ms", self.slo.ttft_ms), ("--slo-tpot-ms", self.slo.tpot_ms), ("--slo-e2el-ms", self.slo.e2el_ms)):
-            if v is not None and v <= 0:
-                raise ValueError(f"{name} must be > 0")
+        counts = [("--input-len", self.input_len, 1), ("--output-len", self.output_len, 1),
+                  ("--num-prompts", self.num_prompts, 1), ("--concurrency", self.concurrency, 1),
+                  ("--warmup", self.warmup, 0), ("--npus", self.npus, 1)]
+        for flag, value, low in counts:
+            if value is not None and not low <= value <= MAX_COUNT:
+                raise ValueError(f"{flag} must be a whole number from {low} to {MAX_COUNT} (got {value})")
+        positive = [("--request-rate", self.request_rate), ("--timeout-s", self.timeout_s),
+                    ("--burstiness", self.burstiness), ("--slo-ttft-ms", self.slo.ttft_ms),
+                    ("--slo-tpot-ms", self.slo.tpot_ms), ("--slo-e2el-ms", self.slo.e2el_ms)]
+        for flag, number in positive:
+            if number is not None and not (math.isfinite(number) and number > 0):
+                raise ValueError(f"{flag} must be a finite number > 0 (got {number!r})")
+        if self.api not in ("completions", "chat"):
+            raise ValueError("--api must be completions or chat")
+        if self.model is not None and not self.model.strip():
+            raise ValueError("--model must not be empty; leave it out to use the first of /v1/models")
 
 
 def api_path(api: Api) -> str:

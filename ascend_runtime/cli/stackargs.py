@@ -15,11 +15,52 @@ from ascend_runtime.config.errors import ConfigError
 from ascend_runtime.planner import Plan, load_plan
 
 
+#: Longest file name component and path the kernel accepts (Linux NAME_MAX and PATH_MAX, bytes).
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
+def path_problem(value: str) -> str | None:
+    """Why ``value`` cannot name a file or directory on this machine, or None: empty, a NUL byte or another
+    control character (a newline pasted into a path), a component over NAME_MAX or a path over PATH_MAX bytes."""
+    if not value.strip():
+        return "is empty; name the file or directory (or leave the option out)"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        return f"{value[:60]!r} holds a control character (a newline, tab or NUL); write the path on one line"
+    try:
+        encoded = os.fsencode(value)
+    except UnicodeError:
+        return f"{value[:60]!r} cannot be encoded as a file name on this machine"
+    if len(encoded) > PATH_MAX or any(len(part) > NAME_MAX for part in encoded.split(b"/")):
+        return (f"{value[:40]!r}... is longer than a path can be ({NAME_MAX} bytes a name, {PATH_MAX} a path); "
+                "check the value")
+    return None
+
+
+def path_arg(value: str) -> str:
+    """argparse ``type=`` of an option naming a file or directory: the text itself, or a usage error (exit 2)."""
+    problem = path_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
+def path_arg_or_dash(value: str) -> str:
+    """:func:`path_arg`, also accepting ``-`` (standard output)."""
+    return value if value == "-" else path_arg(value)
+
+
+def path_type(value: str) -> Path:
+    """:func:`path_arg` giving a :class:`~pathlib.Path`."""
+    return Path(path_arg(value))
+
+
 def add_stack_options(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """Add ``--stack NAME`` and ``--stacks-dir DIR``."""
     parser.add_argument("--stack", required=required, metavar="NAME", help="stack name (stacks/Pulumi.<NAME>.yaml)")
     parser.add_argument(
-        "--stacks-dir", metavar="DIR", default=None, help="stacks directory (default: $ASCEND_DEPLOY_STACKS or ./stacks of the project)"
+        "--stacks-dir", metavar="DIR", default=None, type=path_arg,
+        help="stacks directory (default: $ASCEND_DEPLOY_STACKS or ./stacks of the project)"
     )
 
 
@@ -72,10 +113,67 @@ def check_number(flag: str, value: float | None, minimum: float = 0.0, strict: b
     return None
 
 
-def check_count(flag: str, value: int | None, minimum: int = 1) -> int | None:
-    """An integer option (None: not given) of at least ``minimum``."""
+def check_count(flag: str, value: int | None, minimum: int = 1, maximum: int | None = None) -> int | None:
+    """An integer option (None: not given) of at least ``minimum`` and, when given, at most ``maximum``."""
     if value is not None and value < minimum:
         return input_error(flag, f"must be {minimum} or more (got {value})")
+    if value is not None and maximum is not None and value > maximum:
+        return input_error(flag, f"must be {maximum} or less (got {value})")
+    return None
+
+
+#: Upper bound of counts a command sizes memory or threads by (requests, tokens, experts, cycles of work).
+MAX_COUNT = 1 << 20
+
+
+def check_env_name(flag: str, value: str | None) -> int | None:
+    """An option naming an environment variable (None: not given): ``[A-Za-z_][A-Za-z0-9_]*``."""
+    from ascend_runtime.config.errors import is_env_name  # noqa: PLC0415
+
+    if value is not None and not is_env_name(value):
+        return input_error(flag, f"{value[:60]!r} is not an environment variable name; e.g. ASCEND_PROXY_TOKEN")
+    return None
+
+
+def check_dns_label(flag: str, value: str | None, what: str = "a Kubernetes namespace") -> int | None:
+    """An option naming a Kubernetes object or namespace (None: not given): a DNS-1123 label."""
+    from ascend_runtime.config.errors import is_dns_label, suggest_label  # noqa: PLC0415
+
+    if value is not None and not is_dns_label(value):
+        return input_error(flag, f"{value[:60]!r} is not {what} (a DNS-1123 label: lowercase letters, digits and '-', "
+                           f"at most 63 characters); e.g. {suggest_label(value)!r}")
+    return None
+
+
+def check_text(flag: str, value: str | None, what: str = "a name") -> int | None:
+    """A free-text option that reaches headers, logs or URLs (None: not given): 1 to 256 characters without
+    spaces or control characters."""
+    if value is not None and (not value or len(value) > 256 or any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F
+                                                                    for c in value)):
+        return input_error(flag, f"{value[:60]!r} is not {what}: 1 to 256 characters without spaces or control characters")
+    return None
+
+
+def check_input_file(flag: str, value: str | None, directory_ok: bool = False) -> int | None:
+    """A file to read (None: not given): exists and is a regular file (or, ``directory_ok``, a directory);
+    never a FIFO or device, which would block or never end."""
+    code, path = _checked_path(flag, value)
+    if path is None:
+        return code
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return input_error(flag, f"{value} does not exist; check the name")
+    except OSError as exc:
+        return input_error(flag, f"cannot read {value}: {exc.strerror or type(exc).__name__}; check the path")
+    import stat  # noqa: PLC0415
+
+    if stat.S_ISDIR(info.st_mode):
+        return None if directory_ok else input_error(flag, f"{value} is a directory; name the file itself")
+    if not stat.S_ISREG(info.st_mode):
+        return input_error(flag, f"{value} is not a regular file (a device, FIFO or socket); name a file")
+    if not os.access(path, os.R_OK):
+        return input_error(flag, f"cannot read {value}: permission denied; make it readable by this user")
     return None
 
 
@@ -107,7 +205,7 @@ def check_http_url(flag: str, value: str | None) -> int | None:
         scheme, host, _port = parts.scheme, parts.hostname, parts.port  # .port raises ValueError on a bad port
     except ValueError:
         scheme, host = "", None
-    if scheme not in ("http", "https") or not host or any(c.isspace() for c in value):
+    if scheme not in ("http", "https") or not host or any(c.isspace() for c in value) or _port == 0:
         return input_error(flag, f"not an http(s) URL with a host: {value!r}; e.g. http://127.0.0.1:9000")
     return None
 
@@ -122,13 +220,27 @@ def check_bind_host(flag: str, value: str) -> int | None:
     return None
 
 
+def _checked_path(flag: str, value: str | None) -> tuple[int | None, Path | None]:
+    """(None, None) when the flag was not given; (exit code 2, None) for a path no file can have
+    (:func:`path_problem`, the error printed); else (None, the path) to check further."""
+    if value is None:
+        return None, None
+    problem = path_problem(value)
+    if problem:
+        return input_error(flag, problem), None
+    return None, Path(value)
+
+
 def check_output_file(flag: str, value: str | None) -> int | None:
     """A file to write (None: not given): not a directory, in a directory that exists or can be created."""
-    if value is None:
-        return None
-    path = Path(value)
+    code, path = _checked_path(flag, value)
+    if path is None:
+        return code
     if path.is_dir():
         return input_error(flag, f"{value} is a directory; name the file to write")
+    if path.exists() and not path.is_file():  # a device, FIFO or socket: an atomic write would replace it
+        return input_error(flag, f"{value} exists and is not a regular file (a device, FIFO or socket); "
+                           "name a regular file to write")
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -152,9 +264,9 @@ def _can_create_in(directory: Path) -> bool:
 
 def check_output_dir(flag: str, value: str | None) -> int | None:
     """A directory to create or write into (None: not given): not a file, under a writable existing directory."""
-    if value is None:
-        return None
-    path = Path(value)
+    code, path = _checked_path(flag, value)
+    if path is None:
+        return code
     if path.exists() and not path.is_dir():
         return input_error(flag, f"{value} exists and is not a directory; name a directory")
     existing = path
@@ -165,6 +277,43 @@ def check_output_dir(flag: str, value: str | None) -> int | None:
     return None
 
 
+def check_input_dir(flag: str, value: str | None) -> int | None:
+    """A directory to read (None: not given): exists and is a directory."""
+    code, path = _checked_path(flag, value)
+    if path is None:
+        return code
+    if not path.is_dir():
+        what = "does not exist" if not path.exists() else "is not a directory"
+        return input_error(flag, f"{value} {what}; name an existing directory")
+    return None
+
+
+def write_output(flag: str, value: str, text: str) -> int | None:
+    """Write ``text`` to the file ``value`` (checked with :func:`check_output_file`), creating its directory;
+    exit code 2 naming ``flag`` when it cannot be written after all, else None."""
+    path = Path(value)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        return input_error(flag, f"cannot write {value}: {exc.strerror or type(exc).__name__}; "
+                           "name a file in a directory this user can write")
+    return None
+
+
 def first_error(*codes: int | None) -> int | None:
     """The first exit code of several checks (each already printed its error), or None when all passed."""
     return next((code for code in codes if code is not None), None)
+
+
+def check_proxy_service(flag: str, value: str | None) -> int | None:
+    """``NAMESPACE/NAME:PORT`` of a proxy Service (None: not given), as ``faults.proxies.ProxyService`` parses it."""
+    from ascend_runtime.faults.proxies import ProxyService  # noqa: PLC0415
+
+    if value is None:
+        return None
+    try:
+        ProxyService.parse(value)
+    except ValueError as exc:
+        return input_error(flag, str(exc))
+    return None

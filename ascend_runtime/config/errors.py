@@ -39,6 +39,8 @@ from pydantic_core import PydanticCustomError
 
 #: Longest value an error shows; longer ones are cut (never a file's contents).
 VALUE_LIMIT = 60
+#: Most problems an error message lists (one wrong value can fail many peers: a whole inventory of them is no help).
+MAX_PROBLEMS_SHOWN = 30
 #: pydantic error type of the checks below; ``ctx``: message, hint and optionally ``at`` (a sub-key).
 VALUE_ERROR = "config_value"
 
@@ -81,7 +83,10 @@ class ConfigError(ValueError):
         self.problems = problems
         self.source = source
         head = f"invalid configuration in {source}" if source else "invalid configuration"
-        super().__init__(head + ":\n" + "\n".join(f"  - {p}" for p in problems))
+        shown = [f"  - {p}" for p in problems[:MAX_PROBLEMS_SHOWN]]
+        if len(problems) > MAX_PROBLEMS_SHOWN:
+            shown.append(f"  ... and {len(problems) - MAX_PROBLEMS_SHOWN} more problems (fix these and run again)")
+        super().__init__(head + ":\n" + "\n".join(shown))
 
     @classmethod
     def single(cls, path: str, message: str, value: Any = None, hint: str = "", source: str = "") -> ConfigError:

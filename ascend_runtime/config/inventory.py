@@ -62,7 +62,7 @@ addresses and come from the benchmarking range 198.18.0.0/15 (RFC 2544).
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -266,6 +266,7 @@ class Inventory(_Strict):
         vnics = {str(d.vnic_ip): (n.name, d.device_id) for n in self.nodes for d in n.devices if d.vnic_ip}
         planes: dict[int, list[tuple[str, Device]]] = defaultdict(list)
         subnets: dict[IPv4Network, tuple[str, Device]] = {}
+        members_of: dict[IPv4Network, list[tuple[str, Device]]] = defaultdict(list)
         for i, node in enumerate(self.nodes):
             for j, dev in enumerate(node.devices):
                 at = f"inventory.nodes[{i}].devices[{j}]"
@@ -287,10 +288,16 @@ class Inventory(_Strict):
                             problems.append(Problem(f"{at}.netmask", f"subnet {net} overlaps {other_net} of {other_at}",
                                                     str(dev.netmask), f"use the same netmask as its peers ({other.netmask})"))
                             break
-                first = subnets.setdefault(net, (at, dev))
-                if first[1].gateway != dev.gateway:
+                subnets.setdefault(net, (at, dev))
+                members_of[net].append((at, dev))
+        for net, members in members_of.items():  # the gateway most ports of the subnet name is taken for right
+            votes = Counter(str(dev.gateway) if dev.gateway else None for _, dev in members)
+            common, count = max(votes.items(), key=lambda kv: (kv[1], kv[0] is not None))
+            for at, dev in members:
+                if (str(dev.gateway) if dev.gateway else None) != common:
                     problems.append(Problem(f"{at}.gateway", f"devices of subnet {net} name different gateways "
-                                            f"({first[0]} has {first[1].gateway})", str(dev.gateway),
+                                            f"({count} of its {len(members)} ports name {common or 'none'})",
+                                            str(dev.gateway) if dev.gateway else None,
                                             "give every port of one subnet the same gateway"))
         for device_id, members in sorted(planes.items()):
             on_link = [(at, dev) for at, dev in members if dev.gateway is None]

@@ -61,7 +61,10 @@ def stacks_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
 def available_stacks(directory: Path | None = None) -> list[str]:
     """Names of the stacks defined in ``directory``."""
     base = directory or stacks_dir()
-    return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in base.glob("Pulumi.*.yaml"))
+    try:
+        return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in base.glob("Pulumi.*.yaml"))
+    except OSError:  # unreadable, a symlink loop, a name too long: no stack can be listed there
+        return []
 
 
 # --- reading files ------------------------------------------------------------------------------
@@ -389,8 +392,12 @@ def _check_stack_name(name: str, base: Path) -> None:
 
 def resolve_inventory(base: Path, relative: str) -> Path:
     """The inventory file a stack names: inside the stacks directory once symlinks are resolved."""
-    root = base.resolve()
-    target = (root / relative).resolve()
+    try:
+        root = base.resolve()
+        target = (root / relative).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: a symlink loop (pathlib, Python 3.11)
+        raise ConfigError.single("inventory", f"the inventory path cannot be resolved ({shorten(str(exc), 80)})",
+                                 relative, "name a regular file under stacks/inventories/, not a symlink loop") from None
     if not target.is_relative_to(root):
         raise ConfigError.single("inventory", "the inventory file must be inside the stacks directory "
                                  f"({root}) once symlinks are resolved", relative,
@@ -404,6 +411,11 @@ def load_stack(name: str, directory: str | os.PathLike[str] | None = None) -> St
     _check_stack_name(name, base)
     stack_file = base / f"Pulumi.{name}.yaml"
     if not stack_file.exists() and not stack_file.is_symlink():
+        if not base.is_dir():
+            what = "does not exist" if not base.exists() else "is not a directory"
+            raise ConfigError.single("stacks-dir", f"no stack named {name!r}: the stacks directory {base} {what} (from --stacks-dir, else "
+                                     "$ASCEND_DEPLOY_STACKS, else the project's stacks/)",
+                                     hint="name the directory that holds Pulumi.<stack>.yaml")
         known = ", ".join(available_stacks(base)) or "none"
         raise ConfigError.single("stack", f"no stack named {name!r} in {base}", hint=f"known stacks: {known}")
     source = str(stack_file)

@@ -413,6 +413,10 @@ class StackConfig(_Strict):
     def _inventory_path(cls, value: str) -> str:
         if not value or value.startswith(("/", "~")) or "\\" in value:
             raise invalid("must be a path relative to the stacks directory", "e.g. 'inventories/<stack>.yaml'")
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+            raise invalid("holds a control character (a newline, tab or NUL)", "write the file name on one line")
+        if len(value.encode()) > 4096 or any(len(part.encode()) > 255 for part in value.split("/")):
+            raise invalid("is longer than a path can be (255 bytes a name, 4096 a path)", "e.g. 'inventories/<stack>.yaml'")
         return value
 
     @property

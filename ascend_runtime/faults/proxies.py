@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from ascend_runtime.config.errors import is_dns_label
 from ascend_runtime.faults.kube import KubeClient, KubeError
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,11 @@ class ProxyService:
         ns, _, name = ref.partition("/")
         if not ns or not name or not port.isdigit():
             raise ValueError(f"{text!r}: expected NAMESPACE/NAME:PORT")
+        if not (is_dns_label(ns) and is_dns_label(name)):
+            raise ValueError(f"{text!r}: NAMESPACE and NAME must be DNS-1123 labels (lowercase letters, digits, '-'); "
+                             "expected NAMESPACE/NAME:PORT, e.g. deepseek/pd-proxy:8000")
+        if not 1 <= int(port) <= 65535:
+            raise ValueError(f"{text!r}: the port must be 1..65535; expected NAMESPACE/NAME:PORT")
         return cls(ns, name, int(port))
 
 

@@ -49,6 +49,23 @@ class Topology:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Topology:
+        """The topology of a JSON document (``to_dict``'s shape); ValueError naming the first key that is wrong."""
+        if not isinstance(doc, dict):
+            raise ValueError(f"must be a JSON object with stack, nodes and instances (got {type(doc).__name__})")
+        for key, kind in (("stack", str), ("nodes", list), ("instances", list)):
+            if not isinstance(doc.get(key), kind):
+                raise ValueError(f"{key}: missing or not a JSON {'string' if kind is str else 'list'}; "
+                                 "write the file `ascend-deploy render` puts in the watcher's ConfigMap")
+        for key in ("nodes", "instances"):
+            for k, item in enumerate(doc[key]):
+                if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+                    raise ValueError(f"{key}[{k}]: must be an object with a non-empty name")
+                if key == "nodes" and item.get("role") not in (None, "prefill", "decode"):
+                    raise ValueError(f"nodes[{k}].role: must be prefill, decode or null (got {item.get('role')!r})")
+                if key == "instances" and (item.get("role") not in ("prefill", "decode")
+                                           or not isinstance(item.get("nodes"), list)
+                                           or not all(isinstance(n, str) for n in item["nodes"])):
+                    raise ValueError(f"instances[{k}]: needs role prefill or decode and nodes, a list of node names")
         return cls(
             stack=str(doc["stack"]),
             nodes={str(n["name"]): n.get("role") for n in doc["nodes"]},

@@ -57,9 +57,35 @@ class StackState:
         path = directory / "state.json"
         if not path.exists():
             return None
-        data = json.loads(path.read_text())
-        data["processes"] = [ProcessRecord(**p) for p in data.get("processes", [])]
-        return cls(**data)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            state = cls._from_dict(data)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            from ascend_runtime.config.errors import ConfigError  # noqa: PLC0415
+
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+            raise ConfigError.single("--state-dir", f"{path} is not a state file `ascend-deploy up` wrote ({why[:120]})",
+                                     hint="if no process of that stack runs, remove the file; else name the stack's "
+                                     "own state directory") from None
+        return state
+
+    @classmethod
+    def _from_dict(cls, data: object) -> StackState:
+        """The state of a decoded state.json; ValueError naming what is wrong (a pid it would signal is checked:
+        a whole number above 1 that is not this process's own group, so `down` never signals init or its caller)."""
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        processes = data.get("processes", [])
+        if not isinstance(processes, list) or not all(isinstance(p, dict) for p in processes):
+            raise ValueError("processes must be a list of objects")
+        records = [ProcessRecord(**p) for p in processes]
+        for record in records:
+            if type(record.pid) is not int or record.pid <= 1 or record.pid == os.getpgrp():
+                raise ValueError(f"process {record.name!r} has pid {record.pid!r}, no process group `down` may signal")
+        state = cls(**{**data, "processes": records})
+        if not isinstance(state.stack, str) or not isinstance(state.proxy_url, str):
+            raise ValueError("stack and proxy_url must be text")
+        return state
 
     @staticmethod
     def clear(directory: Path) -> None:

@@ -7,6 +7,7 @@ at once so an operator fixes everything in one pass.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from ascend_runtime.config.errors import Problem, is_dns_label
 from ascend_runtime.config.inventory import Inventory
@@ -100,9 +101,14 @@ def check_inventory(inventory: Inventory, hardware: HardwareSpec) -> list[Proble
                         )
                     super_devices.setdefault(key, f"{node.name} device {dev.device_id}")
         if hardware.has_super_pods:
-            pods = {d.super_pod_id for d in node.devices if d.super_pod_id is not None}
-            if len(pods) > 1:
-                problems.append(Problem(f"{at}.devices", f"node {node.name} has devices in several super pods", sorted(pods)))
+            pods = Counter(d.super_pod_id for d in node.devices if d.super_pod_id is not None)
+            if len(pods) > 1:  # the pod most of the node's devices name is taken for right; the others are named
+                common, count = max(pods.items(), key=lambda kv: kv[1])
+                problems += [Problem(f"{at}.devices[{j}].super_pod_id",
+                                     f"node {node.name} has devices in several super pods ({count} of its "
+                                     f"{sum(pods.values())} devices are in super pod {common})", d.super_pod_id,
+                                     "a server is in one super pod: re-run the facts playbook")
+                             for j, d in enumerate(node.devices) if d.super_pod_id not in (None, common)]
     return problems
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ascend_runtime.cli.stackargs import add_stack_options, env_secret, input_error
+from ascend_runtime.cli.stackargs import add_stack_options, env_secret, input_error, path_arg
 
 PLAN_POLICIES = ("ours", "greedy", "swift_balancer", "flashlb")
 EVAL_POLICIES = ("none", "greedy", "swift_balancer", "flashlb", "ours")
@@ -27,24 +27,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     plan = sub.add_parser("plan", help="plan an expert map from a load file or a load history")
     src = plan.add_mutually_exclusive_group(required=True)
-    src.add_argument("--load", help='JSON {"expert_load": [[...]]} (layers x experts, tokens)')
-    src.add_argument("--history", help="windows x layers x experts: a .npy file ([W, L, E] or [L, E]), or a directory "
+    src.add_argument("--load", type=path_arg, help='JSON {"expert_load": [[...]]} (layers x experts, tokens)')
+    src.add_argument("--history", type=path_arg, help="windows x layers x experts: a .npy file ([W, L, E] or [L, E]), or a directory "
                                        "of dump snapshots (sub-directories of rank_<r>.json files, oldest first by name)")
     plan.add_argument("--ranks", type=int, required=True, help="EP ranks (devices) per instance")
     plan.add_argument("--slots", type=int, required=True, help="expert slots per rank")
     plan.add_argument("--groups", type=int, help="expert groups (hierarchical policy, with --nodes)")
     plan.add_argument("--nodes", type=int, help="nodes (hierarchical policy, with --groups)")
-    plan.add_argument("--previous", help="expert map now in service (moves are minimised against it)")
+    plan.add_argument("--previous", type=path_arg, help="expert map now in service (moves are minimised against it)")
     plan.add_argument("--min-gain", type=float, default=0.01, help="keep --previous unless balancedness gains this much (relative)")
     plan.add_argument("--algorithm", choices=["ours", "eplb", "trivial"], default="ours",
                       help="policy when --policy is not given (eplb = greedy)")
     plan.add_argument("--policy", action="append", choices=list(PLAN_POLICIES), metavar="{" + ",".join(PLAN_POLICIES) + "}",
                       help="policy to plan with (repeat to compare; the first is written to --out)")
-    plan.add_argument("--out", required=True, help="where to write the vLLM-Ascend expert map (atomically)")
+    plan.add_argument("--out", required=True, type=path_arg, help="where to write the vLLM-Ascend expert map (atomically)")
     plan.set_defaults(func=cmd_plan)
 
     ev = sub.add_parser("evaluate", help="replay recorded expert load through policies, redundancy and intervals")
-    ev.add_argument("--load-dir", required=True, help="recorded load: a directory of dump snapshots (sub-directories of "
+    ev.add_argument("--load-dir", required=True, type=path_arg, help="recorded load: a directory of dump snapshots (sub-directories of "
                     "rank_<r>.json, oldest first by name), optionally split into prefill/ and decode/, or a .npy [W, L, E]")
     add_stack_options(ev, required=False)
     ev.add_argument("--ranks", type=int, help="without --stack: EP size of the one stage replayed")
@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--window-steps", type=int, default=600, help="engine steps one recorded window spans (maps the "
                     "interval to eplb.heat_collection_interval)")
     ev.add_argument("--window-seconds", type=float, default=60.0, help="seconds one recorded window spans (moves per hour)")
-    ev.add_argument("--plot", default="balance-evaluate.png", help="PNG of balancedness and MoE time over the replay")
+    ev.add_argument("--plot", default="balance-evaluate.png", type=path_arg, help="PNG of balancedness and MoE time over the replay (default: balance-evaluate.png in the current directory)")
     ev.set_defaults(func=cmd_evaluate)
 
     serve = sub.add_parser("serve", help="run the balancing daemon")
@@ -72,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--decay", type=float, help="weight of the newest window in (0, 1]; default adaptive")
     serve.add_argument("--min-windows", type=int, default=2)
     serve.add_argument("--min-gain", type=float, default=0.01)
-    serve.add_argument("--publish-file", help="expert map file to replace atomically")
+    serve.add_argument("--publish-file", type=path_arg, help="expert map file to replace atomically")
     serve.add_argument("--configmap", metavar="NAMESPACE/NAME[:KEY]", help="ConfigMap to update (in-cluster or kubeconfig)")
     serve.add_argument("--apply", choices=["simulator", "drain-restart", "none"], default="simulator")
     serve.add_argument("--proxy", help="proxy URL for drain-restart")
@@ -239,9 +239,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ascend_runtime.balancer.publish import FilePublisher
 
     from ascend_runtime.balancer.sources import count_array
-    from ascend_runtime.cli.stackargs import check_number, check_output_file, first_error
+    from ascend_runtime.cli.stackargs import check_input_file, check_number, check_output_file, first_error
 
-    bad = first_error(check_number("--min-gain", args.min_gain, 0.0, strict=False), check_output_file("--out", args.out))
+    bad = first_error(check_number("--min-gain", args.min_gain, 0.0, strict=False), check_output_file("--out", args.out),
+                      check_input_file("--load", args.load), check_input_file("--history", args.history, directory_ok=True),
+                      check_input_file("--previous", args.previous))
     if bad is not None:
         return bad
     if args.load:
@@ -338,10 +340,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from ascend_runtime.balancer import evaluate as ev
     from ascend_runtime.balancer.png import line_chart
 
-    from ascend_runtime.cli.stackargs import check_count, check_number, check_output_file, first_error
+    from ascend_runtime.cli.stackargs import check_count, check_input_file, check_number, check_output_file, first_error
 
     intervals = sorted(set(args.interval or [1, 2, 4]))
-    bad = first_error(*(check_count("--interval", k) for k in intervals), check_count("--window-steps", args.window_steps),
+    bad = first_error(check_input_file("--load-dir", args.load_dir, directory_ok=True),
+                      input_error("--stack", "is empty; name a stack or leave the option out") if args.stack == "" else None,
+                      *(check_count("--interval", k) for k in intervals), check_count("--window-steps", args.window_steps),
                       check_number("--window-seconds", args.window_seconds), check_count("--batch-tokens", args.batch_tokens),
                       check_output_file("--plot", args.plot))
     if bad is not None:  # before the replay: nothing is computed for options that cannot be used
@@ -429,6 +433,22 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_configmap(value: str | None) -> int | None:
+    """``--configmap NAMESPACE/NAME[:KEY]`` (None: not given): DNS-1123 namespace and name, a ConfigMap key."""
+    if value is None:
+        return None
+    import re  # noqa: PLC0415
+
+    from ascend_runtime.config.errors import is_dns_label, is_dns_subdomain  # noqa: PLC0415
+
+    ref, _, key = value.partition(":")
+    ns, _, name = ref.partition("/")
+    if not (is_dns_label(ns) and is_dns_subdomain(name)) or (key and not re.fullmatch(r"[-._A-Za-z0-9]{1,253}", key)):
+        return input_error("--configmap", f"{value[:60]!r}: expected NAMESPACE/NAME[:KEY] (DNS-1123 names, a key of "
+                                          "letters, digits, '-', '_', '.'), e.g. deepseek/expert-map:expert_map.json")
+    return None
+
+
 def _pairs(values: list[str], flag: str) -> list[tuple[str, str]] | str:
     out = []
     for v in values:
@@ -478,8 +498,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ascend_runtime.balancer.sources import DirLoadSource, HttpLoadSource
 
     from ascend_runtime.cli.stackargs import (
+        MAX_COUNT,
         check_bind_host,
         check_count,
+        check_dns_label,
+        check_env_name,
         check_http_url,
         check_log_level,
         check_number,
@@ -487,6 +510,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_port,
         first_error,
         log_level,
+        path_problem,
     )
 
     http, dirs = _pairs(args.instance, "--instance"), _pairs(args.dump_dir, "--dump-dir")
@@ -497,10 +521,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return input_error("--instance/--dump-dir", "give at least one instance to collect load from")
     bad = first_error(
         check_log_level("--log-level", args.log_level),
-        check_count("--experts", args.experts),
+        check_count("--experts", args.experts, maximum=MAX_COUNT),
+        check_count("--min-windows", args.min_windows, maximum=MAX_COUNT),
+        check_env_name("--token-env", args.token_env),
+        check_env_name("--sim-token-env", args.sim_token_env),
+        check_dns_label("--namespace", args.namespace),
+        _check_configmap(args.configmap),
+        input_error("--pod-selector", "must be a label selector, e.g. app.kubernetes.io/instance={name}")
+        if not args.pod_selector.strip() or any(c.isspace() for c in args.pod_selector) else None,
         check_number("--interval", args.interval),
         check_number("--decay", args.decay, 0.0, maximum=1.0),
-        check_count("--min-windows", args.min_windows),
         check_number("--min-gain", args.min_gain, 0.0, strict=False),
         check_count("--max-cycles", args.max_cycles),
         check_port("--metrics-port", args.metrics_port),
@@ -508,8 +538,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_output_file("--publish-file", args.publish_file),
         check_http_url("--proxy", args.proxy),
         *(check_http_url(f"--instance {name}", url) for name, url in http),
-        *(input_error(f"--dump-dir {name}", f"{d} is not a directory; give the directory the rank_<r>.json dumps are "
-                                            "written to") for name, d in dirs if Path(d).exists() and not Path(d).is_dir()),
+        *(input_error(f"--dump-dir {name}", path_problem(d) or f"{d} is not a directory; give the directory the "
+                      "rank_<r>.json dumps are written to") for name, d in dirs
+          if path_problem(d) or (Path(d).exists() and not Path(d).is_dir())),
     )
     if bad is not None:
         return bad
@@ -530,9 +561,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from kubernetes import config as kconfig
 
         try:
-            kconfig.load_incluster_config()
-        except kconfig.ConfigException:
-            kconfig.load_kube_config()
+            try:
+                kconfig.load_incluster_config()
+            except kconfig.ConfigException:
+                kconfig.load_kube_config()
+        except Exception as exc:  # noqa: BLE001 - the kubeconfig loader raises several kinds
+            flag = "--configmap" if args.configmap else "--apply drain-restart"
+            return input_error(flag, f"needs the Kubernetes API: not in a pod and the kubeconfig failed "
+                                     f"({_short(exc)}); run in the cluster or set KUBECONFIG")
         core_api = client.CoreV1Api()
     publisher = None
     if args.publish_file:

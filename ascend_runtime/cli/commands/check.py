@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `check` with the sub-commands `smoke` and `throughput`."""
+    from ascend_runtime.cli.stackargs import path_arg, path_arg_or_dash, path_type  # noqa: PLC0415 - when `check` runs
+
     check = subparsers.add_parser("check", help="post-deploy checks: smoke, throughput")
     sub = check.add_subparsers(dest="check_command", metavar="CHECK")
     check.set_defaults(func=lambda args: (check.print_help(sys.stderr), 2)[1])
@@ -20,14 +21,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     smoke = sub.add_parser("smoke", help="health, models, chat and completion (stream and not) through the PD proxy")
     smoke.add_argument("--endpoint", required=True, help="proxy base URL, e.g. http://127.0.0.1:8000")
     smoke.add_argument("--stack", help="also check every instance of this stack's Plan, its rank tables and launch files")
-    smoke.add_argument("--stacks-dir", help="stacks directory for --stack (default: the project's stacks/)")
-    smoke.add_argument("--rendered", type=Path, metavar="DIR",
+    smoke.add_argument("--stacks-dir", type=path_arg, help="stacks directory for --stack (default: the project's stacks/)")
+    smoke.add_argument("--rendered", type=path_type, metavar="DIR",
                        help="with --stack: deployed rank tables and launch scripts (render output or mounted ConfigMaps) "
                        "must equal what the Plan renders")
     smoke.add_argument("--timeout-s", type=float, default=30.0, help="per-item timeout in seconds (default 30)")
     smoke.add_argument("--model", help="model name (default: first of /v1/models)")
     smoke.add_argument("--no-pd", action="store_true", help="do not require the proxy's x-prefill/x-decode-instance headers")
-    smoke.add_argument("--json", dest="json_out", metavar="FILE", help="also write the report as JSON ('-' for stdout)")
+    smoke.add_argument("--json", dest="json_out", metavar="FILE", type=path_arg_or_dash, help="also write the report as JSON ('-' for stdout)")
     smoke.set_defaults(func=_smoke)
 
     tp = sub.add_parser("throughput", help="streaming load test with vLLM bench serve metrics")
@@ -45,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tp.add_argument("--npus", type=int, help="NPUs serving the endpoint, for per-NPU throughput")
     tp.add_argument("--min-goodput", type=float, help="fail when goodput (req/s) is below this (needs an SLO)")
     tp.add_argument("--max-failed", type=int, default=0, help="fail when more requests fail than this (default 0)")
-    tp.add_argument("--result-json", help="write the result JSON here")
+    tp.add_argument("--result-json", type=path_arg, help="write the result JSON here")
     tp.add_argument("--save-detailed", action="store_true", help="add per-request lists to the result JSON")
     tp.add_argument("--model", help="model name (default: first of /v1/models)")
     tp.add_argument("--api", choices=("completions", "chat"), default="completions", help="OpenAI API (default completions)")
@@ -68,8 +69,21 @@ def _smoke(args: argparse.Namespace) -> int:
     from ascend_runtime.checks.http import EndpointError
     from ascend_runtime.checks.smoke import run_smoke
 
-    if args.timeout_s <= 0:
-        return _bad("--timeout-s must be > 0")
+    from ascend_runtime.cli.stackargs import check_number, check_output_file, first_error, input_error  # noqa: PLC0415
+
+    bad = first_error(
+        check_number("--timeout-s", args.timeout_s),
+        check_output_file("--json", args.json_out) if args.json_out != "-" else None,
+        input_error("--rendered", "needs --stack: the rendered files are compared with that stack's Plan")
+        if args.rendered is not None and not args.stack else None,
+        input_error("--rendered", f"{args.rendered} is not a directory; give the output directory of "
+                    "`ascend-deploy render` (or the mounted rank-table and launch ConfigMaps)")
+        if args.rendered is not None and args.stack and not args.rendered.is_dir() else None,
+        input_error("--model", "must not be empty; leave it out to use the first of /v1/models")
+        if args.model is not None and not args.model.strip() else None,
+    )
+    if bad is not None:  # before any request
+        return bad
     try:
         report = asyncio.run(
             run_smoke(
@@ -90,7 +104,11 @@ def _smoke(args: argparse.Namespace) -> int:
         if args.json_out == "-":
             print(text)
         else:
-            Path(args.json_out).write_text(text + "\n")
+            from ascend_runtime.cli.stackargs import write_output  # noqa: PLC0415
+
+            bad = write_output("--json", args.json_out, text + "\n")
+            if bad is not None:
+                return bad
     return 0 if report.passed else 1
 
 
@@ -115,8 +133,13 @@ def _throughput(args: argparse.Namespace) -> int:
     slo = SLO(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2el_ms)
     if args.min_goodput is not None and not slo.any:
         return _bad("--min-goodput needs at least one of --slo-ttft-ms, --slo-tpot-ms, --slo-e2el-ms")
-    if args.max_failed < 0:
-        return _bad("--max-failed must be >= 0")
+    from ascend_runtime.cli.stackargs import check_count, check_number, check_output_file, first_error  # noqa: PLC0415
+
+    bad = first_error(check_count("--max-failed", args.max_failed, 0),
+                      check_number("--min-goodput", args.min_goodput, 0.0, strict=False),
+                      check_output_file("--result-json", args.result_json))
+    if bad is not None:  # before any request
+        return bad
     cfg = ThroughputConfig(
         endpoint=args.endpoint,
         input_len=args.input_len,
@@ -149,7 +172,11 @@ def _throughput(args: argparse.Namespace) -> int:
     data = result.to_dict(detailed=args.save_detailed)
     print(format_summary(data))
     if args.result_json:
-        Path(args.result_json).write_text(json.dumps(data, indent=2) + "\n")
+        from ascend_runtime.cli.stackargs import write_output  # noqa: PLC0415
+
+        bad = write_output("--result-json", args.result_json, json.dumps(data, indent=2) + "\n")
+        if bad is not None:
+            return bad
     failures = []
     if result.completed == 0:
         failures.append("no request completed")

@@ -8,10 +8,9 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 
 from ascend_runtime import eventloop
-from ascend_runtime.cli.stackargs import env_secret, input_error
+from ascend_runtime.cli.stackargs import env_secret, input_error, path_arg, path_type
 
 PROXY_TOKEN_ENV = "ASCEND_PROXY_TOKEN"
 
@@ -29,9 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                    "instance passes /health and a PD round trip.")
     src = w.add_mutually_exclusive_group(required=True)
     src.add_argument("--stack", help="the stack whose Plan gives nodes, instances and spares")
-    src.add_argument("--topology", type=Path, metavar="FILE",
+    src.add_argument("--topology", type=path_type, metavar="FILE",
                      help="the same as JSON (what the watcher's ConfigMap carries in a cluster)")
-    w.add_argument("--stacks-dir", help="stacks directory for --stack (default: the project's stacks/)")
+    w.add_argument("--stacks-dir", type=path_arg, help="stacks directory for --stack (default: the project's stacks/)")
     w.add_argument("--proxy", action="append", default=[], metavar="URL", help="a proxy replica's base URL (repeat)")
     w.add_argument("--proxy-service", metavar="NAMESPACE/NAME:PORT",
                    help="drain on every endpoint of this Service (default with --stack on kubernetes/kind: the pd-proxy Service)")
@@ -69,10 +68,34 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from ascend_runtime.faults.topology import Topology
     from ascend_runtime.faults.watcher import WatcherConfig
 
-    from ascend_runtime.cli.stackargs import check_count, check_log_level, check_number, check_port, first_error, log_level
+    from ascend_runtime.cli.stackargs import (
+        check_bind_host,
+        check_count,
+        check_dns_label,
+        check_env_name,
+        check_http_url,
+        check_input_file,
+        check_log_level,
+        check_number,
+        check_port,
+        check_proxy_service,
+        first_error,
+        log_level,
+    )
 
     bad = first_error(
+        input_error("--stack", "is empty; name a stack") if args.stack == "" else None,
+        check_input_file("--topology", str(args.topology) if args.topology is not None else None),
         check_log_level("--log-level", args.log_level),
+        *(check_http_url("--proxy", url) for url in args.proxy),
+        check_http_url("--kube-api", args.kube_api),
+        check_env_name("--token-env", args.token_env),
+        check_env_name("--kube-token-env", args.kube_token_env),
+        check_dns_label("--event-namespace", args.event_namespace),
+        check_dns_label("--device-plugin-namespace", args.device_plugin_namespace),
+        check_dns_label("--noded-namespace", args.noded_namespace),
+        check_bind_host("--metrics-host", args.metrics_host) if args.metrics_port is not None else None,
+        check_proxy_service("--proxy-service", args.proxy_service),
         *(check_number("--" + name.replace("_", "-"), getattr(args, name))
           for name in ("interval", "node_interval", "check_timeout", "api_timeout")),
         *(check_number("--" + name, getattr(args, name), 0.0, strict=False) for name in ("settle", "recheck")),

@@ -26,10 +26,10 @@ def _say(text: str, err: bool = False) -> None:
 
 
 def _add_common(parser: argparse.ArgumentParser, stack_required: bool) -> None:
-    from ascend_runtime.cli.stackargs import add_stack_options  # noqa: PLC0415 - only when this command runs
+    from ascend_runtime.cli.stackargs import add_stack_options, path_arg  # noqa: PLC0415 - only when this command runs
 
     add_stack_options(parser, required=stack_required)
-    parser.add_argument("--state-dir", metavar="DIR",
+    parser.add_argument("--state-dir", metavar="DIR", type=path_arg,
                         help="state and logs (default $ASCEND_DEPLOY_STATE_DIR/<stack> or ~/.local/state/ascend-deploy/<stack>)")
 
 
@@ -128,9 +128,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     from ascend_runtime.local.state import default_state_root  # noqa: PLC0415
 
-    from ascend_runtime.cli.stackargs import check_count, check_number, check_output_dir, first_error  # noqa: PLC0415
+    from ascend_runtime.cli.stackargs import (  # noqa: PLC0415
+        MAX_COUNT,
+        check_count,
+        check_number,
+        check_output_dir,
+        first_error,
+    )
 
-    bad = first_error(check_number("--ready-timeout-s", args.ready_timeout_s), check_count("--num-prompts", args.num_prompts),
+    bad = first_error(check_number("--ready-timeout-s", args.ready_timeout_s),
+                      check_count("--num-prompts", args.num_prompts, maximum=MAX_COUNT),
                       check_output_dir("--state-dir", args.state_dir))
     if bad is not None:  # before anything starts
         return bad
@@ -165,7 +172,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 return 0 if ok else 1
             serving = True
             _say("serving until interrupted (Ctrl-C, SIGTERM or SIGHUP stop every process)")
-            why = wait_while_serving(state)
+            why = wait_while_serving(state, state_dir=state_dir)
             died = True
             _say(f"stopping: {why}")
             stuck = stop_and_forget(state, state_dir)

@@ -11,13 +11,17 @@ from ascend_runtime.cli.stackargs import (
     add_stack_options,
     check_bind_host,
     check_count,
+    check_env_name,
     check_http_url,
+    check_input_file,
     check_log_level,
     check_number,
     check_output_file,
     check_port,
+    check_proxy_service,
     first_error,
     log_level,
+    path_arg,
     plan_or_exit,
 )
 
@@ -26,11 +30,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add the `pd-planner` sub-command."""
     p = subparsers.add_parser("pd-planner", help="plan the prefill:decode instance split from proxy metrics")
     add_stack_options(p, required=False)
-    p.add_argument("--plan-file", help="the Plan as JSON (plan.json of `render`), instead of --stack (in a cluster)")
+    p.add_argument("--plan-file", type=path_arg, help="the Plan as JSON (plan.json of `render`), instead of --stack (in a cluster)")
     p.add_argument("--proxy-metrics", metavar="URL", help="proxy metrics URL (default: the Plan's proxy URL + /metrics)")
     p.add_argument("--interval", type=float, default=30.0, help="seconds between decisions (default 30)")
     p.add_argument("--dry-run", action="store_true", help="only log and export metrics; never publish a target")
-    p.add_argument("--target-file", help="where a change is written as JSON (required without --dry-run)")
+    p.add_argument("--target-file", type=path_arg, help="where a change is written as JSON (required without --dry-run)")
     p.add_argument("--prompt-tokens", type=float,
                    help="mean prompt tokens (the proxy exports none; default: throughput_check.input_len)")
     p.add_argument("--margin", type=float, default=0.15, help="relative margin a change must clear (default 0.15)")
@@ -39,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--metrics-port", type=int, help="serve the planner's Prometheus /metrics here")
     p.add_argument("--max-cycles", type=int, help="stop after this many cycles")
-    p.add_argument("--state-dir", help="local target: the running stack's state directory "
+    p.add_argument("--state-dir", type=path_arg, help="local target: the running stack's state directory "
                    "(default $ASCEND_DEPLOY_STATE_DIR/<stack>)")
     p.add_argument("--proxy-admin", metavar="NS/NAME:PORT",
                    help="kubernetes/kind: the proxy Service whose every replica is drained (default: the Plan's proxy)")
@@ -63,21 +67,10 @@ def _check_args(args: argparse.Namespace) -> int | None:
         check_port("--metrics-port", args.metrics_port),
         check_bind_host("--metrics-host", args.metrics_host) if args.metrics_port is not None else None,
         check_output_file("--target-file", args.target_file),
-        _check_proxy_admin(args.proxy_admin),
+        check_input_file("--plan-file", args.plan_file),
+        check_env_name("--token-env", args.token_env),
+        check_proxy_service("--proxy-admin", args.proxy_admin),
     )
-
-
-def _check_proxy_admin(value: str | None) -> int | None:
-    if value is None:
-        return None
-    from ascend_runtime.cli.stackargs import input_error  # noqa: PLC0415
-    from ascend_runtime.faults.proxies import ProxyService  # noqa: PLC0415
-
-    try:
-        ProxyService.parse(value)
-    except ValueError as exc:
-        return input_error("--proxy-admin", str(exc))
-    return None
 
 
 def handler(args: argparse.Namespace) -> int:

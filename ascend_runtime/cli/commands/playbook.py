@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ascend_runtime.cli.stackargs import path_arg, path_type
 from ascend_runtime.config.errors import ConfigError
 from ascend_runtime.hosts import playbook as pb
 from ascend_runtime.hosts.engine import Runner, RunReport, StepResult
@@ -50,33 +51,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="playbook_command", metavar="ACTION")
 
     lst = sub.add_parser("list", help="List the playbooks and the hardware kinds they apply to.")
-    lst.add_argument("--playbooks-dir", type=Path, default=None, help="Directory of playbook files.")
+    lst.add_argument("--playbooks-dir", type=path_type, default=None, help="Directory of playbook files.")
     lst.set_defaults(func=cmd_list)
 
     run = sub.add_parser("run", help="Run a playbook on the stack's hosts.")
     run.add_argument("name", help="Playbook name (see `playbook list`) or a playbook file path.")
     run.add_argument("--stack", required=True, help="Stack name (stacks/Pulumi.<stack>.yaml).")
-    run.add_argument("--stacks-dir", type=Path, default=None, help="Stacks directory (default $ASCEND_DEPLOY_STACKS or the project's stacks/).")
+    run.add_argument("--stacks-dir", type=path_type, default=None, help="Stacks directory (default $ASCEND_DEPLOY_STACKS or the project's stacks/).")
     run.add_argument("--check", action="store_true", help="Change nothing; show what would change.")
     run.add_argument("--limit", action="append", default=[], metavar="HOST",
                      help="Only these hosts (node name or address; repeat or comma-separate).")
-    run.add_argument("--known-hosts", default=None, metavar="FILE", help="known_hosts file (default: inventory ssh.known_hosts).")
+    run.add_argument("--known-hosts", default=None, metavar="FILE", type=path_arg, help="known_hosts file (default: inventory ssh.known_hosts).")
     run.add_argument("--accept-new-host-keys", action="store_true",
                      help="Trust on first use: record unknown host keys in the known_hosts file (changed keys are still refused).")
-    run.add_argument("--json", type=Path, default=None, metavar="FILE", help="Also write the results as JSON.")
-    run.add_argument("--inventory", type=Path, default=None, metavar="FILE", help="Use this inventory instead of the stack's.")
-    run.add_argument("--vars", type=Path, default=None, metavar="FILE",
+    run.add_argument("--json", type=path_type, default=None, metavar="FILE", help="Also write the results as JSON.")
+    run.add_argument("--inventory", type=path_type, default=None, metavar="FILE", help="Use this inventory instead of the stack's.")
+    run.add_argument("--vars", type=path_type, default=None, metavar="FILE",
                      help="YAML with playbook variables: {all: {...}, hosts: {NODE: {...}}}.")
     run.add_argument("--var", action="append", default=[], metavar="KEY=VALUE", help="Set a playbook variable (YAML value).")
     run.add_argument("--forks", type=int, default=16, help="Hosts handled in parallel (default 16).")
     run.add_argument("--connect-retries", type=int, default=3, help="Connection attempts per host (default 3).")
-    run.add_argument("--playbooks-dir", type=Path, default=None, help="Directory of playbook files.")
+    run.add_argument("--playbooks-dir", type=path_type, default=None, help="Directory of playbook files.")
     run.set_defaults(func=cmd_run)
     parser.set_defaults(func=lambda args: (parser.print_help(sys.stderr), 2)[1])
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     """Print the available playbooks."""
+    from ascend_runtime.cli.stackargs import check_input_dir  # noqa: PLC0415
+
+    bad = check_input_dir("--playbooks-dir", str(args.playbooks_dir) if args.playbooks_dir is not None else None)
+    if bad is not None:
+        return bad
     console = Console()
     table = Table("playbook", "hardware", "steps", "description")
     for name in pb.available(args.playbooks_dir):
@@ -134,9 +140,38 @@ def _summary(console: Console, report: RunReport, hosts: list[str]) -> None:
     console.print(table)
 
 
+#: Most hosts handled at once and connection attempts per host (each fork is a thread with an SSH connection).
+MAX_FORKS = 1024
+MAX_CONNECT_RETRIES = 100
+
+
+def _check_run_options(args: argparse.Namespace) -> int | None:
+    """Options of `playbook run` checked before anything runs (exit 2 naming the option, or None)."""
+    from ascend_runtime.cli.stackargs import (  # noqa: PLC0415
+        check_count,
+        check_input_dir,
+        check_input_file,
+        check_output_file,
+        first_error,
+    )
+
+    return first_error(
+        check_input_dir("--playbooks-dir", str(args.playbooks_dir) if args.playbooks_dir is not None else None),
+        check_input_dir("--stacks-dir", str(args.stacks_dir) if args.stacks_dir is not None else None),
+        check_count("--forks", args.forks, 1, MAX_FORKS),
+        check_count("--connect-retries", args.connect_retries, 1, MAX_CONNECT_RETRIES),
+        check_output_file("--json", str(args.json) if args.json is not None else None),
+        check_input_file("--vars", str(args.vars) if args.vars is not None else None),
+        check_input_file("--inventory", str(args.inventory) if args.inventory is not None else None),
+    )
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a playbook; 0 all hosts passed, 1 a host failed, 2 invalid input."""
     console = Console(highlight=False)
+    bad = _check_run_options(args)
+    if bad is not None:  # before any playbook, stack or host is read
+        return bad
     try:
         book = pb.load(args.name, args.playbooks_dir)
         stack = read_stack(args.stack, args.stacks_dir)

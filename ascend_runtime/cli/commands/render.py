@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ascend_runtime.cli.stackargs import add_stack_options
+from ascend_runtime.cli.stackargs import add_stack_options, path_arg
 from ascend_runtime.config.errors import ConfigError
 from ascend_runtime.config.loader import load_stack
 from ascend_runtime.planner import build_plan
@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "render", help="render rank tables, launch scripts, hccn.conf and the deployment sheet", description=__doc__
     )
     add_stack_options(parser)
-    parser.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
+    parser.add_argument("--out", required=True, metavar="DIR", type=path_arg, help="output directory (created if missing)")
     parser.add_argument("--force", action="store_true",
                         help="replace another stack's render in DIR, or write into a non-empty DIR")
     parser.set_defaults(func=run)

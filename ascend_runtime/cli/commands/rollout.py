@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ascend_runtime.cli.stackargs import add_stack_options, env_secret, input_error
+from ascend_runtime.cli.stackargs import add_stack_options, env_secret, input_error, path_arg
 
 PROXY_TOKEN_ENV = "ASCEND_PROXY_TOKEN"
 
@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="after the undrain, wait at most this long until every proxy replica routes to it (default 60)")
     t.add_argument("--poll-s", type=float, default=None, help="between status reads (default 0.2 local, 2 kubernetes)")
     loc = p.add_argument_group("local stacks")
-    loc.add_argument("--state-dir", metavar="DIR",
+    loc.add_argument("--state-dir", metavar="DIR", type=path_arg,
                      help="the running stack's state (default $ASCEND_DEPLOY_STATE_DIR/<stack> or ~/.local/state/ascend-deploy/<stack>)")
     k = p.add_argument_group("kubernetes and kind stacks")
     k.add_argument("--engine-image", metavar="IMAGE",
@@ -85,7 +85,8 @@ def _say(text: str) -> None:
 
 
 def _check_bounds(args: argparse.Namespace) -> int | None:
-    from ascend_runtime.cli.stackargs import check_http_url, first_error  # noqa: PLC0415
+    from ascend_runtime.cli.stackargs import check_env_name, check_http_url, first_error  # noqa: PLC0415
+    from ascend_runtime.faults.proxies import ProxyService  # noqa: PLC0415
     from ascend_runtime.config.errors import is_image_ref  # noqa: PLC0415
 
     for name in ("drain_timeout_s", "ready_timeout_s", "check_timeout_s", "routable_timeout_s", "poll_s"):
@@ -98,8 +99,14 @@ def _check_bounds(args: argparse.Namespace) -> int | None:
                            "quay.io/ascend/vllm-ascend:v0.23.0)")
     if any(not n for n in args.instance) or args.start == "":
         return input_error("--instance/--from", "an instance name cannot be empty")
+    if args.proxy_service is not None:
+        try:
+            ProxyService.parse(args.proxy_service)
+        except ValueError as exc:
+            return input_error("--proxy-service", str(exc))
     return first_error(*(check_http_url("--proxy", url) for url in args.proxy),
-                       check_http_url("--kube-api", args.kube_api))
+                       check_http_url("--kube-api", args.kube_api), check_env_name("--token-env", args.token_env),
+                       check_env_name("--kube-token-env", args.kube_token_env))
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:

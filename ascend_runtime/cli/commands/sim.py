@@ -19,10 +19,12 @@ from ascend_runtime.sim.config import SimConfig
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the `sim` sub-command."""
+    from ascend_runtime.cli.stackargs import path_arg  # noqa: PLC0415 - only when `sim` runs
+
     p = subparsers.add_parser("sim", help="run an engine simulator (a vLLM-Ascend instance without NPUs)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stack", help="Take every option of --instance from this stack's Plan (explicit flags are then ignored).")
-    p.add_argument("--stacks-dir", help="Stacks directory for --stack (default: the project's stacks/).")
+    p.add_argument("--stacks-dir", type=path_arg, help="Stacks directory for --stack (default: the project's stacks/).")
     p.add_argument("--bind-host", help="With --stack: listen here (e.g. 0.0.0.0 in a pod) instead of the leader's host IP.")
     p.add_argument("--role", choices=["prefill", "decode"], help="Required without --stack.")
     p.add_argument("--instance", required=True, help="Instance name (x-instance header, engine id prefix).")
@@ -45,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="Fraction of the modelled KV bytes really sent (default 1/1024).")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="deepseek-ai/DeepSeek-R1")
-    p.add_argument("--expert-map", default=None, help="vLLM-Ascend expert map JSON applied at start.")
+    p.add_argument("--expert-map", default=None, type=path_arg, help="vLLM-Ascend expert map JSON applied at start.")
     # vLLM 0.23.0's flag names (vllm/engine/arg_utils.py; prefix caching on by default, CacheConfig in
     # vllm/config/cache.py); vLLM-Ascend sets the block size to 128 (refresh_block_size, vllm_ascend/utils.py, v0.23.0)
     p.add_argument("--block-size", type=int, default=128, help="KV block size in tokens (default 128, as vLLM-Ascend).")
@@ -115,14 +117,59 @@ def option_errors(exc: ValidationError) -> str:
     from ascend_runtime.sim.config import SimConfig  # noqa: PLC0415
 
     problems = problems_from_validation(exc, SimConfig, where="the command line")
-    return "; ".join(str(replace(p, path="--" + p.path.split(".")[0].replace("_", "-") if p.path else "options"))
-                     for p in problems)
+    def flag(path: str) -> str:
+        field = path.split(".")[0]
+        return FIELD_FLAGS.get(field, "--" + field.replace("_", "-")) if path else "options"
+
+    return "; ".join(str(replace(p, path=flag(p.path))) for p in problems)
+
+
+def check_options(args: argparse.Namespace) -> int | None:
+    """The options the simulator's configuration takes as they come (exit 2 naming the flag, or None): listen
+    addresses this machine resolves, ports 1..65535, names without spaces or control characters (they reach
+    response headers), finite times and rates, counts within :data:`~ascend_runtime.cli.stackargs.MAX_COUNT`,
+    an expert map that is a readable file."""
+    from ascend_runtime.cli.stackargs import (  # noqa: PLC0415
+        MAX_COUNT,
+        check_bind_host,
+        check_count,
+        check_env_name,
+        check_input_file,
+        check_number,
+        check_port,
+        check_text,
+        first_error,
+    )
+
+    return first_error(
+        check_text("--instance", args.instance, "an instance name"),
+        check_text("--model", args.model, "a model name"),
+        check_bind_host("--host", args.host),
+        check_bind_host("--kv-host", args.kv_host) if args.kv_host is not None else None,
+        check_bind_host("--bind-host", args.bind_host) if args.bind_host is not None else None,
+        check_port("--port", args.port), check_port("--kv-port", args.kv_port),
+        *(check_count(f"--{flag.replace('_', '-')}", getattr(args, flag), maximum=MAX_COUNT)
+          for flag in ("npus", "dp", "tp", "ep", "nodes", "max_num_seqs", "max_num_batched_tokens", "block_size")),
+        check_count("--redundant-experts", args.redundant_experts, 0, maximum=MAX_COUNT),
+        check_number("--speedup", args.speedup), check_number("--startup-delay", args.startup_delay, strict=False),
+        check_number("--link-gbps", args.link_gbps), check_number("--kv-timeout-s", args.kv_timeout_s),
+        check_number("--kv-wire-scale", args.kv_wire_scale, maximum=1.0),
+        check_input_file("--expert-map", args.expert_map),
+        check_env_name("--admin-token-env", args.admin_token_env),
+    )
+
+
+#: SimConfig fields whose flag is not ``--<field>``.
+FIELD_FLAGS = {"name": "--model"}
 
 
 def handler(args: argparse.Namespace) -> int:
     """Run the simulator until interrupted."""
     from ascend_runtime.sim.server import run_simulator
 
+    bad = check_options(args)
+    if bad is not None:  # before the configuration is built or anything listens
+        return bad
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         cfg = config_from_args(args)
