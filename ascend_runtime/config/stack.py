@@ -65,11 +65,11 @@ class StageConfig(_Strict):
     ep: int = Field(1, ge=1, description="Expert-parallel size (1, or dp x tp with --enable-expert-parallel).")
     max_num_seqs: int = Field(16, ge=1, description="Concurrent sequences per DP rank.")
     max_num_batched_tokens: int = Field(8192, ge=1, description="Tokens per scheduler step per DP rank.")
-    redundant_experts: int = Field(0, ge=0, description="Extra physical expert slots per MoE layer.")
-    mtp: bool = Field(False, description="Multi-token prediction (deepseek_mtp, 1 speculative token).")
+    redundant_experts: int = Field(0, ge=0, le=4096, description="Extra physical expert slots per MoE layer.")
+    mtp: bool = Field(False, description="Multi-token prediction, 1 speculative token (method `mtp` on vLLM-Ascend 0.23.0, `deepseek_mtp` on 0.11.0: EngineRelease.mtp_method).")
     context_len: int = Field(4096, ge=1, description="Context per sequence used to size the KV cache (tokens).")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Share of HBM vLLM may use.")
-    reserve_gib: float = Field(2.0, ge=0, description="Activations and workspace per NPU outside weights and KV (GiB).")
+    reserve_gib: float = Field(2.0, ge=0, le=1024, description="Activations and workspace per NPU outside weights and KV (GiB).")
     hccl_buffsize_mb: int | None = Field(
         None, ge=1, le=65536,
         description="HCCL_BUFFSIZE (MB); default 256 on prefill, 1024 on decode; at most 65536 (the HBM of one NPU, 64 GiB).",
@@ -93,7 +93,7 @@ class StageConfig(_Strict):
     multistream_overlap_shared_expert: bool = Field(
         False, description="Overlap the shared expert with routed experts on a second stream."
     )
-    micro_batching: bool = Field(False, description="Two-micro-batch compute/communication overlap (vLLM --enable-dbo).")
+    micro_batching: bool = Field(False, description="Two-micro-batch compute/communication overlap (vLLM --enable-dbo); refused where the release resets it on Ascend (vLLM-Ascend 0.23.0, vllm_ascend/platform.py).")
     hccl_intra: Literal["pcie", "roce"] = Field(
         "pcie", description="HCCL path inside a node: sets HCCL_INTRA_PCIE_ENABLE=1 (pcie) or HCCL_INTRA_ROCE_ENABLE=1 (roce)."
     )

@@ -188,16 +188,23 @@ def check_stage_shapes(config: StackConfig, hardware: HardwareSpec, connector: s
                 per_seq = mem.kv_cache_gib / stage.max_num_seqs
                 room = mem.budget_gib - mem.weights_gib - mem.reserve_gib
                 fit = max(int(room / per_seq), 0) if per_seq else 0
+                # the field to blame: the sequences when some fit; else the reserve when the weights alone fit
+                blamed, value = (f"{role}.max_num_seqs", stage.max_num_seqs)
+                if not fit and mem.weights_gib <= mem.budget_gib:
+                    blamed, value = f"{role}.reserve_gib", stage.reserve_gib
                 problems.append(
                     Problem(
-                        f"{role}.max_num_seqs",
+                        blamed,
                         f"HBM overflow: weights {mem.weights_gib} GiB + KV cache {mem.kv_cache_gib} GiB + "
                         f"reserve {mem.reserve_gib} GiB = {mem.total_gib} GiB per NPU > budget {mem.budget_gib} GiB "
                         f"({mem.hbm_gib} GiB x gpu_memory_utilization {stage.gpu_memory_utilization})",
-                        stage.max_num_seqs,
+                        value,
                         f"at most {fit} sequences fit at context_len {stage.context_len}; or raise ep / lower context_len"
                         if fit
-                        else "the weights alone do not fit: raise ep or tp",
+                        else f"lower {role}.reserve_gib: the weights take {mem.weights_gib} of the {mem.budget_gib} GiB "
+                        f"budget, and the reserve and the KV cache of {stage.max_num_seqs} sequences share the rest"
+                        if blamed.endswith("reserve_gib")
+                        else "the weights alone do not fit: raise ep or tp (or check the model shape)",
                     )
                 )
     if connector == "mooncake" and config.prefill.tp < config.decode.tp:

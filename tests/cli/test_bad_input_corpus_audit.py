@@ -83,6 +83,12 @@ def _set_device(node: int, device: int, key: str, value: Any) -> Callable[[dict[
     return edit
 
 
+def _stack_key(section: str, key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(config: dict[str, Any]) -> None:
+        config.setdefault("ascend-deepseek:" + section, {})[key] = value
+    return edit
+
+
 def _inventory_key(value: str) -> Callable[[dict[str, Any]], None]:
     def edit(config: dict[str, Any]) -> None:
         config[NS + "inventory"] = value
@@ -127,6 +133,14 @@ def stack_cases() -> list[Case]:
         plan("inventory-key-escapes", "a2-staging", "inventory", ("inside the stacks directory",),
              config=_inventory_key("../../etc/passwd")),
         plan("inventory-key-dir", "a2-staging", "inventory", ("directory",), config=_inventory_key("inventories")),
+        # absurd sizes used to surface as an HBM overflow blamed on max_num_seqs
+        plan("reserve-over-the-budget", "a2-staging", "decode.reserve_gib", ("HBM overflow", "weights take"),
+             config=_stack_key("decode", "reserve_gib", 60)),
+        plan("reserve-huge", "a2-staging", "decode.reserve_gib", ("1024",), config=_stack_key("decode", "reserve_gib", 5000)),
+        plan("hidden-size-huge", "a2-staging", "model.hidden_size", ("65536",),
+             config=_stack_key("model", "hidden_size", 10 ** 7)),
+        plan("redundant-experts-huge", "a2-staging", "prefill.redundant_experts", ("4096",),
+             config=_stack_key("prefill", "redundant_experts", 10 ** 6)),
         Case("stack", "stacks-dir-missing", ("plan", "--stack", "local", "--stacks-dir", "{case}/nope"), "stacks-dir",
              ("does not exist",)),
         Case("stack", "stacks-dir-a-file", ("plan", "--stack", "local", "--stacks-dir", "{fx}/existing.txt"), "stacks-dir",
