@@ -52,11 +52,17 @@ def normalize_url(url: str) -> str:
     A trailing ``/`` or ``/v1`` is dropped. Raises InstanceSpecError if no host.
     """
     raw = url.strip()
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in raw):
+        raise InstanceSpecError(f"invalid instance URL {url!r}: spaces or control characters; expected http://host:port")
     if "://" not in raw:
         raw = "http://" + raw
     parts = urlsplit(raw)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InstanceSpecError(f"invalid instance URL {url!r}: expected http://host:port")
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 or port == 0:
+        raise InstanceSpecError(f"invalid instance URL {url!r}: expected http://host:port (port 1..65535)")
     path = parts.path.rstrip("/")
     if path.endswith("/v1"):
         path = path[: -len("/v1")]
@@ -77,16 +83,28 @@ def spec_from_mapping(data: Mapping[str, Any]) -> InstanceSpec:
     if not data.get("url"):
         raise InstanceSpecError(f"instance {dict(data)!r}: missing 'url'")
     url = normalize_url(str(data["url"]))
+    if "name" in data and not str(data["name"] or "").strip():
+        raise InstanceSpecError(f"instance {url!r}: name is empty; give a name or leave the key out")
     name = str(data.get("name") or default_name(role, url))
-    weight = float(data.get("weight", 1.0))
-    if weight <= 0:
-        raise InstanceSpecError(f"instance {name!r}: weight must be > 0, got {weight}")
+    if len(name) > 253 or any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        # names reach response headers (x-prefill-instance), metric labels and logs
+        raise InstanceSpecError(f"instance name {name[:80]!r}: 1 to 253 characters without spaces or control "
+                                "characters")
+    try:
+        weight = float(data.get("weight", 1.0))
+    except (TypeError, ValueError):
+        raise InstanceSpecError(f"instance {name!r}: weight must be a number > 0, got {data.get('weight')!r}") from None
+    if not 0 < weight < float("inf"):
+        raise InstanceSpecError(f"instance {name!r}: weight must be a finite number > 0, got {weight}")
     return InstanceSpec(name=name, role=role, url=url, weight=weight)  # type: ignore[arg-type]
 
 
 def parse_cli_instance(role: Role, text: str) -> InstanceSpec:
     """Parse a ``--prefill``/``--decode`` value: ``URL[,name=NAME][,weight=W]``."""
-    url, *opts = [p.strip() for p in text.split(",") if p.strip()]
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise InstanceSpecError(f"empty {role} instance: use URL[,name=NAME][,weight=W]")
+    url, *opts = parts
     data: dict[str, Any] = {"role": role, "url": url}
     for opt in opts:
         key, sep, value = opt.partition("=")
@@ -102,7 +120,11 @@ def specs_from_data(items: Iterable[Mapping[str, Any]]) -> list[InstanceSpec]:
     This is the seam the deployment Plan (``--stack NAME``) feeds: a list of
     ``{name, role, url}`` dicts.
     """
-    specs = [spec_from_mapping(item) for item in items]
+    specs = []
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise InstanceSpecError(f"instance [{i}]: expected a mapping {{name, role, url, weight?}}, got {item!r:.80}")
+        specs.append(spec_from_mapping(item))
     check_unique(specs)
     return specs
 
@@ -135,6 +157,8 @@ def load_instances_file(path: str | Path) -> list[InstanceSpec]:
         items: list[Mapping[str, Any]] = []
         for role in ROLES:
             for entry in data.get(role) or []:
+                if not isinstance(entry, (str, Mapping)):
+                    raise InstanceSpecError(f"{path}: {role} entries are URLs or mappings, got {entry!r:.80}")
                 items.append({"role": role, "url": entry} if isinstance(entry, str) else {"role": role, **entry})
         data = items
     if not isinstance(data, list):

@@ -227,16 +227,20 @@ def run_loop(main: Any) -> Any:
 
 
 def _worker_main(cfg: ProxyConfig, k8s: tuple[str, dict[str, str], str] | None, index: int, count: int,
-                 rundir: str, log_level: int) -> None:
-    """Entry point of one worker process."""
+                 rundir: str, log_level: int, supervisor_pid: int | None = None) -> None:
+    """Entry point of one worker process; it stops when ``supervisor_pid`` is no longer its parent."""
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s worker-{index} %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor stops the workers with SIGTERM
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # replaced by the instances-file reload when there is a file
-    run_loop(_worker_serve(cfg, k8s, index, count, Path(rundir)))
+    run_loop(_worker_serve(cfg, k8s, index, count, Path(rundir), supervisor_pid))
+
+
+#: Seconds between a worker's checks that its supervisor is still its parent.
+SUPERVISOR_CHECK_S = 1.0
 
 
 async def _worker_serve(cfg: ProxyConfig, k8s_params: tuple[str, dict[str, str], str] | None, index: int,
-                        count: int, rundir: Path) -> None:
+                        count: int, rundir: Path, supervisor_pid: int | None = None) -> None:
     from ascend_runtime.proxy.discovery import KubernetesDiscovery
     from ascend_runtime.proxy.server import start_proxy
 
@@ -250,6 +254,18 @@ async def _worker_serve(cfg: ProxyConfig, k8s_params: tuple[str, dict[str, str],
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+    def check_supervisor() -> None:
+        # a supervisor killed without its SIGTERM (SIGKILL, OOM) cannot stop the workers: they would keep the
+        # port, serving with no one to restart or reload them; re-parented, a worker stops itself
+        if os.getppid() != supervisor_pid:
+            log.warning("worker %d: the supervisor (pid %d) is gone; stopping", index, supervisor_pid)
+            stop.set()
+        else:
+            loop.call_later(SUPERVISOR_CHECK_S, check_supervisor)
+
+    if supervisor_pid is not None:
+        check_supervisor()
     try:
         await stop.wait()
     finally:
@@ -271,7 +287,7 @@ def serve_workers(cfg: ProxyConfig, count: int, k8s: tuple[str, dict[str, str], 
     port = holder.getsockname()[1]
     cfg = replace(cfg, port=port)
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_worker_main, args=(cfg, k8s, i, count, str(rundir), log_level),
+    procs = [ctx.Process(target=_worker_main, args=(cfg, k8s, i, count, str(rundir), log_level, os.getpid()),
                          name=f"proxy-worker-{i}", daemon=False) for i in range(count)]
     stopping = False
 

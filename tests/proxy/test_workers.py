@@ -116,11 +116,41 @@ async def test_two_workers_admin_everywhere_and_merged_metrics(stubs):
 
 
 async def test_workers_flag_validated():
-    out = subprocess.run([sys.executable, "-m", "ascend_runtime", "proxy", "--workers", "0",
-                          "--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2"],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2
-    assert "--workers must be at least 1" in out.stderr and "Traceback" not in out.stderr
+    for value, expected in (("0", "must be 1 or more"), ("100000", "must be 256 or less")):
+        out = subprocess.run([sys.executable, "-m", "ascend_runtime", "proxy", "--workers", value,
+                              "--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, (value, out.stderr)
+        assert "--workers" in out.stderr and expected in out.stderr and "Traceback" not in out.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+async def test_workers_stop_when_the_supervisor_is_killed(stubs):
+    """A supervisor killed with SIGKILL cannot stop its workers; they notice the re-parenting and exit."""
+    p = await stubs("prefill", "p0")
+    d = await stubs("decode", "d0")
+    proc, url, rundir = await _start(["--prefill", f"{p.url},name=p0", "--decode", f"{d.url},name=d0"])
+    children = [int(c) for t in Path(f"/proc/{proc.pid}/task").iterdir()
+                for c in (t / "children").read_text().split()]
+    workers = [c for c in children if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]
+    assert len(workers) == 2, children
+    proc.kill()
+    proc.wait()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30  # a bound for a hung worker, not a speed claim: they check every second
+    while any(_alive(w) for w in workers) and loop.time() < deadline:
+        await asyncio.sleep(0.2)
+    left = [w for w in workers if _alive(w)]
+    for w in left:
+        os.kill(w, signal.SIGKILL)
+    assert not left, "workers outlived their supervisor"
 
 
 def test_merge_rules():

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from ascend_runtime.cli.stackargs import MAX_COUNT
 from ascend_runtime.proxy.config import (
     Limits,
     OutlierPolicy,
@@ -19,6 +20,7 @@ from ascend_runtime.proxy.instances import (
     InstanceSpec,
     InstanceSpecError,
     check_unique,
+    load_instances_file,
     parse_cli_instance,
 )
 
@@ -117,6 +119,8 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
     if args.stack:
         specs += plan_specs(args.stack, args.stacks_dir)
     check_unique(specs)
+    if args.instances_file is not None:  # refused now when malformed; later reloads keep the last good list
+        check_unique(specs + load_instances_file(args.instances_file))
     k8s = bool(args.k8s_namespace)
     if not specs and args.instances_file is None and not k8s:
         raise ValueError("give --prefill/--decode, --stack, --instances-file or --k8s-namespace")
@@ -162,15 +166,71 @@ async def _serve(cfg: ProxyConfig, args: argparse.Namespace) -> None:
         await handle.stop()
 
 
+#: Most proxy processes on one port: each takes a core; more than this is a typo, not a machine.
+MAX_WORKERS = 256
+#: Seconds flags: finite and positive, at most a day (an idle stream or a prefill longer than that is a hang).
+MAX_SECONDS = 86400.0
+
+
+def check_args(args: argparse.Namespace) -> int | None:
+    """Every flag's value before anything is built or started (exit 2 naming the flag, stackargs' messages)."""
+    from ascend_runtime.cli.stackargs import (  # noqa: PLC0415 - only when this command runs
+        check_bind_host,
+        check_count,
+        check_dns_label,
+        check_env_name,
+        check_input_file,
+        check_log_level,
+        check_number,
+        check_port,
+        check_text,
+        first_error,
+        input_error,
+    )
+
+    seconds = ("connect_timeout_s", "prefill_timeout_s", "first_token_timeout_s", "stream_idle_timeout_s",
+               "health_timeout_s", "eject_duration_s", "eject_max_duration_s",
+               "header_timeout_s", "body_timeout_s", "body_total_timeout_s")
+    counts = ("eject_after", "eject_after_connect_failures", "health_failures", "success_rate_window",
+              "success_rate_min_requests", "success_rate_min_hosts", "max_attempts")
+    weights = [f for f in RoutingWeights.__slots__ if not f.startswith("prefill_affinity")]  # type: ignore[attr-defined]
+
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    return first_error(
+        check_log_level("--log-level", args.log_level),
+        check_port("--port", args.port),
+        check_bind_host("--host", args.host) if args.host else input_error("--host", "is empty; e.g. 127.0.0.1"),
+        check_count("--workers", args.workers, maximum=MAX_WORKERS),
+        input_error("--stack", "is empty; name a stack") if args.stack == "" else None,
+        check_input_file("--instances-file", None if args.instances_file is None else str(args.instances_file)),
+        check_dns_label("--k8s-namespace", args.k8s_namespace),
+        check_text("--k8s-prefill-selector", args.k8s_prefill_selector, "a label selector"),
+        check_text("--k8s-decode-selector", args.k8s_decode_selector, "a label selector"),
+        check_dns_label("--k8s-port-name", args.k8s_port_name, "a Service port name"),
+        check_env_name("--admin-token-env", args.admin_token_env),
+        *(check_number(flag(n), getattr(args, n), maximum=MAX_SECONDS) for n in seconds),
+        check_number("--health-interval-s", args.health_interval_s, strict=False, maximum=MAX_SECONDS),  # 0: off
+        *(check_count(flag(n), getattr(args, n), maximum=MAX_COUNT) for n in counts),
+        check_number("--success-rate-stdev-factor", args.success_rate_stdev_factor, strict=False),
+        check_number("--failure-percent", args.failure_percent, strict=False, maximum=100.0),
+        check_number("--max-ejection-percent", args.max_ejection_percent, strict=False, maximum=100.0),
+        check_count("--max-body-bytes", args.max_body_bytes, maximum=1 << 40),
+        *(check_number(flag(n), getattr(args, n), strict=False) for n in weights),
+        input_error("--eject-max-duration-s", f"must be at least --eject-duration-s ({args.eject_duration_s:g})")
+        if args.eject_max_duration_s < args.eject_duration_s else None,
+    )
+
+
 def handler(args: argparse.Namespace) -> int:
+    bad = check_args(args)
+    if bad is not None:  # nothing built, nothing started
+        return bad
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = config_from_args(args)
-        if args.workers < 1:
-            raise ValueError(f"--workers must be at least 1, got {args.workers}")
-        if not 1 <= args.port <= 65535:
-            raise ValueError(f"--port must be a TCP port 1..65535, got {args.port}")
     except (InstanceSpecError, ValueError) as exc:
         print(f"ascend-deploy proxy: {exc}", file=sys.stderr)
         return 2
