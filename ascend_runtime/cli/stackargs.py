@@ -6,6 +6,7 @@ import argparse
 import logging
 import math
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -317,3 +318,61 @@ def check_proxy_service(flag: str, value: str | None) -> int | None:
     except ValueError as exc:
         return input_error(flag, str(exc))
     return None
+
+
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_LABEL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_REQUIREMENT = re.compile(r"\s*(!?)\s*([^\s=!(),]+)\s*(?:(==|=|!=)\s*([^\s=!(),]*)|\s(in|notin)\s*\(([^()]*)\))?\s*")
+
+
+def _label_key_ok(key: str) -> bool:
+    """A label key: ``[prefix/]name``, prefix a DNS subdomain of at most 253 characters, name at most 63."""
+    prefix, _, name = key.rpartition("/")
+    return bool(_LABEL_NAME.fullmatch(name)) and (not prefix or (len(prefix) <= 253 and bool(_LABEL_PREFIX.fullmatch(prefix))))
+
+
+def _label_value_ok(value: str) -> bool:
+    return value == "" or bool(_LABEL_NAME.fullmatch(value))
+
+
+def label_selector_problem(selector: str) -> str | None:
+    """Why ``selector`` is not a Kubernetes label selector, or None.
+
+    The grammar of k8s.io/apimachinery ``labels.Parse``: comma-separated requirements, each ``key``,
+    ``!key``, ``key=value``, ``key==value``, ``key!=value``, ``key in (v1,v2)`` or ``key notin (v1,v2)``.
+    """
+    if not selector.strip():
+        return "is empty"
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(selector):  # split on commas outside parentheses
+        depth += (c == "(") - (c == ")")
+        if depth < 0:
+            return "has an unmatched ')'"
+        if c == "," and depth == 0:
+            parts.append(selector[start:i])
+            start = i + 1
+    if depth:
+        return "has an unmatched '('"
+    parts.append(selector[start:])
+    for part in parts:
+        m = _REQUIREMENT.fullmatch(part)
+        if not m:
+            return f"requirement {part.strip()!r} is not key, !key, key=value, key!=value, key in (...) or key notin (...)"
+        bang, key, op, value, set_op, values = m.groups()
+        if not _label_key_ok(key):
+            return f"{key!r} is not a label key ([prefix/]name, name of at most 63 letters, digits, '-', '_', '.')"
+        if bang and (op or set_op):
+            return f"requirement {part.strip()!r}: '!' takes a key alone"
+        if op and not _label_value_ok(value):
+            return f"{value!r} is not a label value (at most 63 letters, digits, '-', '_', '.')"
+        if set_op and not all(_label_value_ok(v.strip()) for v in values.split(",")):
+            return f"requirement {part.strip()!r} lists a value that is not a label value"
+    return None
+
+
+def check_label_selector(flag: str, value: str | None) -> int | None:
+    """A Kubernetes label selector (None: not given), by :func:`label_selector_problem`."""
+    if value is None:
+        return None
+    problem = label_selector_problem(value)
+    return input_error(flag, f"{problem}; e.g. app.kubernetes.io/component=decode") if problem else None

@@ -418,3 +418,14 @@ def test_audit_corpus_exits_2_naming_the_field_with_nothing_applied(tmp_path: Pa
     assert (fx / "fifo").is_fifo(), "an output replaced the FIFO"
     assert not (tmp_path / "state-root").exists() or not _files(tmp_path / "state-root"), "state written"
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:40])
+
+
+def test_label_selectors_follow_the_kubernetes_grammar() -> None:
+    """k8s.io/apimachinery labels.Parse: key, !key, key(=|==|!=)value, key (in|notin) (values), comma-separated."""
+    from ascend_runtime.cli.stackargs import label_selector_problem
+
+    good = ["app=x", "app.kubernetes.io/instance=foo", "a,b=c", "!a", "a!=b", "a in (x, y)", "a notin (x),b", "x==y",
+            "k=", "leaderworkerset.sigs.k8s.io/name=prefill-0,role in (leader)"]
+    bad = ["", "==", "=x", "a=b c", "a in (x", "a in x)", "!a=b", "a=" + "x" * 64, "Bad_Prefix/a=b", "a;b", "a=(b)"]
+    assert [g for g in good if label_selector_problem(g)] == []
+    assert [b for b in bad if label_selector_problem(b) is None] == []

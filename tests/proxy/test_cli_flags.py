@@ -31,7 +31,8 @@ def _cases(d: Path) -> list[tuple[list[str], str]]:
                                                                          "--instances-file"),
         (["--instances-file", str(d)], "--instances-file"), (["--instances-file", str(d / "fifo")], "--instances-file"),
         (["--stack", ""], "--stack"), (["--k8s-namespace", "Bad_NS"], "--k8s-namespace"),
-        (["--k8s-port-name", "x" * 100], "--k8s-port-name"), (["--admin-token-env", "1BAD"], "--admin-token-env"),
+        (["--k8s-port-name", "x" * 100], "--k8s-port-name"), (["--k8s-prefill-selector", "=="], "--k8s-prefill-selector"),
+        (["--k8s-decode-selector", "role in (decode"], "--k8s-decode-selector"), (["--admin-token-env", "1BAD"], "--admin-token-env"),
         (["--connect-timeout-s", "nan"], "--connect-timeout-s"), (["--connect-timeout-s", "-1"], "--connect-timeout-s"),
         (["--stream-idle-timeout-s", "inf"], "--stream-idle-timeout-s"), (["--prefill-timeout-s", "0"], "--prefill-timeout-s"),
         (["--health-interval-s", "1e308"], "--health-interval-s"), (["--health-timeout-s", "nan"], "--health-timeout-s"),
@@ -71,4 +72,5 @@ def test_bad_flags_exit_2_naming_the_flag_and_start_nothing(tmp_path: Path, monk
     assert not failures, failures
     # the same base with good values starts (the checks refuse only what is wrong)
     with pytest.raises(Started):
-        main(BASE + ["--health-interval-s", "0", "--workers", "2", "--decode-kv-weight", "0"])
+        main(BASE + ["--health-interval-s", "0", "--workers", "2", "--decode-kv-weight", "0",
+                     "--k8s-decode-selector", "app.kubernetes.io/component=decode,role in (leader)"])

@@ -433,6 +433,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_pod_selector(template: str) -> int | None:
+    """``--pod-selector``: a label selector once ``{name}`` is replaced by an instance name."""
+    from ascend_runtime.cli.stackargs import input_error, label_selector_problem  # noqa: PLC0415
+
+    try:
+        selector = template.format(name="instance-0")
+    except (KeyError, IndexError, ValueError):
+        return input_error("--pod-selector", "only {name} may be substituted; e.g. app.kubernetes.io/instance={name}")
+    problem = label_selector_problem(selector)
+    return input_error("--pod-selector", f"{problem}; e.g. app.kubernetes.io/instance={{name}}") if problem else None
+
+
 def _check_configmap(value: str | None) -> int | None:
     """``--configmap NAMESPACE/NAME[:KEY]`` (None: not given): DNS-1123 namespace and name, a ConfigMap key."""
     if value is None:
@@ -528,7 +540,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_dns_label("--namespace", args.namespace),
         _check_configmap(args.configmap),
         input_error("--pod-selector", "must be a label selector, e.g. app.kubernetes.io/instance={name}")
-        if not args.pod_selector.strip() or any(c.isspace() for c in args.pod_selector) else None,
+        if not args.pod_selector.strip() or any(c.isspace() for c in args.pod_selector)
+        else _check_pod_selector(args.pod_selector),
         check_number("--interval", args.interval),
         check_number("--decay", args.decay, 0.0, maximum=1.0),
         check_number("--min-gain", args.min_gain, 0.0, strict=False),
