@@ -22,6 +22,7 @@ from ascend_runtime.engine.releases import RELEASES
 from ascend_runtime.hardware import hardware_spec
 from ascend_runtime.perf import model as pm
 from ascend_runtime.planner.memory import estimate_memory
+from ascend_runtime.planner.engine_rules import runs_micro_batching
 from ascend_runtime.planner.modules import ModuleDegrees, check_stage_modules
 
 ROLES: tuple[Role, Role] = ("prefill", "decode")
@@ -125,7 +126,7 @@ def honours_micro_batching(version: str) -> bool:
     """Whether the release runs ``--enable-dbo`` (two micro-batches) rather than resetting it on Ascend
     (``EngineRelease.ignored_flags``); candidates with micro-batching are only proposed where it runs."""
     row = RELEASES.get(version)
-    return row is not None and "--enable-dbo" not in row.ignored_flags
+    return row is not None and runs_micro_batching(row)
 
 
 def candidates(config: StackConfig, role: Role, version: str, graph: bool, recompute: bool) -> list[Candidate]:

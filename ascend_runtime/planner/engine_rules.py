@@ -20,6 +20,12 @@ from ascend_runtime.engine.releases import (
 from ascend_runtime.engine.surface import load_surface
 
 ROLES: tuple[Role, Role] = ("prefill", "decode")
+def runs_micro_batching(row: EngineRelease) -> bool:
+    """Whether the release runs vLLM's two-micro-batch overlap (``--enable-dbo``) rather than resetting it on
+    Ascend (``EngineRelease.ignored_flags``: vllm_ascend/platform.py ``_fix_incompatible_config``, v0.23.0)."""
+    return "--enable-dbo" not in row.ignored_flags
+
+
 MTP_SPEC_TOKENS = 1  # the kit renders the MTP method (EngineRelease.mtp_method) with one speculative token
 
 
@@ -182,7 +188,7 @@ def check_options(config: StackConfig, row: EngineRelease) -> list[Problem]:
             problems.append(Problem(f"{role}.recompute_scheduler", f"vLLM-Ascend {row.version} has no recompute scheduler", True))
         if stage.micro_batching and not surface.has_flag("--enable-dbo"):
             problems.append(Problem(f"{role}.micro_batching", f"vLLM {row.vllm} has no --enable-dbo", True))
-        elif stage.micro_batching and "--enable-dbo" in row.ignored_flags:
+        elif stage.micro_batching and not runs_micro_batching(row):
             problems.append(Problem(f"{role}.micro_batching", f"vLLM-Ascend {row.version} resets --enable-dbo to False "
                                     f"on Ascend ({row.ignored_flags['--enable-dbo'].split(';')[0]})", True,
                                     f"remove {role}.micro_batching"))

@@ -46,13 +46,18 @@ class InstanceSpec:
         return {"name": self.name, "role": self.role, "url": self.url, "weight": self.weight}
 
 
+def _has_space_or_control(text: str) -> bool:
+    """Whether ``text`` holds whitespace or a control character (which would split a header or a log line)."""
+    return any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+
+
 def normalize_url(url: str) -> str:
     """Return ``scheme://host:port`` for ``url``; accept ``host:port`` without scheme.
 
     A trailing ``/`` or ``/v1`` is dropped. Raises InstanceSpecError if no host.
     """
     raw = url.strip()
-    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in raw):
+    if _has_space_or_control(raw):
         raise InstanceSpecError(f"invalid instance URL {url!r}: spaces or control characters; expected http://host:port")
     if "://" not in raw:
         raw = "http://" + raw
@@ -86,7 +91,7 @@ def spec_from_mapping(data: Mapping[str, Any]) -> InstanceSpec:
     if "name" in data and not str(data["name"] or "").strip():
         raise InstanceSpecError(f"instance {url!r}: name is empty; give a name or leave the key out")
     name = str(data.get("name") or default_name(role, url))
-    if len(name) > 253 or any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+    if len(name) > 253 or _has_space_or_control(name):
         # names reach response headers (x-prefill-instance), metric labels and logs
         raise InstanceSpecError(f"instance name {name[:80]!r}: 1 to 253 characters without spaces or control "
                                 "characters")

@@ -539,9 +539,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_env_name("--sim-token-env", args.sim_token_env),
         check_dns_label("--namespace", args.namespace),
         _check_configmap(args.configmap),
-        input_error("--pod-selector", "must be a label selector, e.g. app.kubernetes.io/instance={name}")
-        if not args.pod_selector.strip() or any(c.isspace() for c in args.pod_selector)
-        else _check_pod_selector(args.pod_selector),
+        _check_pod_selector(args.pod_selector),
         check_number("--interval", args.interval),
         check_number("--decay", args.decay, 0.0, maximum=1.0),
         check_number("--min-gain", args.min_gain, 0.0, strict=False),
