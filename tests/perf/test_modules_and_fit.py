@@ -103,7 +103,7 @@ def test_prediction_hardware_differs_from_the_catalogue_only_in_the_a2_port_rate
 
 def _table() -> list[fit.Prediction]:
     rows = fit.predictions(fit.fit_constants(fit.FIT_POINTS))
-    print("\n" + fit.prediction_table(rows + [fit.sensitivity_dp64()]))
+    print("\n" + fit.prediction_table(rows + fit.sensitivity_rows()))
     return rows
 
 
@@ -120,8 +120,23 @@ def test_a2_micro_batched_prefill_is_predicted_within_10_percent() -> None:
     assert abs(pre.error_pct) <= 10.0, (pre.predicted, pre.published, pre.error_pct)
 
 
-@pytest.mark.xfail(strict=True, reason="the 15 ms CM384 point misses by more than 10% (docs/simulator.md, "
-                   "'Prediction, not fit'); strict: passing would mean the model changed")
 def test_cm384_15ms_point_is_predicted_within_10_percent() -> None:
     cm = _table()[0]
     assert abs(cm.error_pct) <= 10.0, (cm.predicted, cm.published, cm.error_pct)
+
+
+def test_cm384_fit_point_is_read_at_the_held_out_points_kv_length() -> None:
+    cm_fit = fit.FIT_POINTS[2]
+    assert cm_fit.context == fit.CM_PAPER_CONTEXT == 4096.0
+    # the fit point's context matters: read at the A2 seed's 3072 the same constants give another prediction
+    rows = {r.point: r for r in fit.sensitivity_rows()}
+    at_3072 = next(r for k, r in rows.items() if "KV 3072" in k)
+    assert at_3072.predicted != pytest.approx(_table()[0].predicted, rel=0.02)
+
+
+def test_the_sensitivity_rows_refit_the_cm384_constant_only() -> None:
+    base = fit.fit_constants()
+    cm = replace(fit.FIT_POINTS[2], step_s=96 / 1943 * 1.7)
+    ks = fit.fit_constants((fit.FIT_POINTS[0], fit.FIT_POINTS[1], cm))
+    assert ks[(A2, "decode")] == base[(A2, "decode")] and ks[(A2, "prefill")] == base[(A2, "prefill")]
+    assert ks[("cm384", "decode")] == pytest.approx(base[("cm384", "decode")] * (96 / 1943) / 0.050)
