@@ -26,7 +26,13 @@ from aiohttp import web
 
 
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    """Compact JSON, UTF-8; escaped to ASCII when a string holds a lone surrogate (a ``"\\ud800"`` escape
+    of a client's or an engine's JSON), which UTF-8 cannot encode."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def error_body(message: str, code: int, err_type: str | None = None, param: str | None = None) -> dict[str, Any]:

@@ -86,7 +86,7 @@ from ascend_runtime.proxy.relay import (
     StreamStats,
     serialize_request,
 )
-from ascend_runtime.proxy.validate import check_request
+from ascend_runtime.proxy.validate import parse_request, wire_header
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class Forwarder:
         try:
             body, resp = await self._read_body(request)
             if resp is None:
-                resp, outcome = self._parse(body, path)
+                resp, outcome = self._parse(body, path, request.headers)
             if resp is not None:
                 outcome = "client_error"
                 resp.headers[REQUEST_ID_HEADER] = client_id
@@ -195,7 +195,7 @@ class Forwarder:
         if content.is_eof():  # the whole body came with the head (the usual case): no wait, no timer
             try:
                 body = content.read_nowait()
-            except aiohttp.ClientPayloadError as exc:
+            except (aiohttp.ClientPayloadError, web.RequestPayloadError) as exc:  # the server side raises the latter
                 return b"", self._close(_json_response(400, f"invalid request body: {exc}"))
             if len(body) > lim.max_body_bytes:
                 return b"", self._close(_json_response(
@@ -205,6 +205,9 @@ class Forwarder:
             parts, size = [body], len(body)  # more than one read_nowait serves: read on below
         else:
             parts, size = [], 0
+        if request.version == aiohttp.HttpVersion11 and request.headers.get("Expect", "").lower() == "100-continue":
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # the client waits for it to send
+            request.writer.output_size = 0  # as aiohttp's own expect handler (not part of the answer)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + lim.body_total_timeout_s
         while True:
@@ -218,7 +221,7 @@ class Forwarder:
                 return b"", self._close(_json_response(
                     408, f"request body not received in time (read timeout {lim.body_timeout_s:g}s, "
                          f"total {lim.body_total_timeout_s:g}s)"))
-            except aiohttp.ClientPayloadError as exc:  # e.g. malformed chunked encoding
+            except (aiohttp.ClientPayloadError, web.RequestPayloadError) as exc:  # e.g. malformed chunked encoding
                 return b"", self._close(_json_response(400, f"invalid request body: {exc}"))
             if not chunk:
                 return b"".join(parts), None
@@ -234,27 +237,23 @@ class Forwarder:
         return resp
 
     @staticmethod
-    def _parse(body: bytes, path: str) -> tuple[web.Response | None, Any]:
-        """(None, (request, checked fields)) or (400 answer, None)."""
-        try:
-            req = json.loads(body)
-            if not isinstance(req, dict):
-                raise ValueError("body is not a JSON object")
-        except ValueError as exc:
-            return _json_response(400, f"invalid JSON request: {exc}"), None
-        fields, err = check_request(req, chat=path.endswith("/chat/completions"))
+    def _parse(body: bytes, path: str, headers: Any) -> tuple[web.Response | None, Any]:
+        """(None, (request, checked fields)) or (400 answer, None): input hygiene, validate.py."""
+        req, fields, err = parse_request(body, path.endswith("/chat/completions"), headers.get("Content-Type"),
+                                         headers.get("Content-Encoding"))
         if err is not None:
-            return web.Response(body=json.dumps(err).encode(), status=400, content_type="application/json"), None
+            e = err["error"]
+            return error_response(e["code"], e["message"], e["type"], param=e["param"]), None
         return None, (req, fields)
 
     @staticmethod
     def _headers(request: web.Request, attempt_id: str, client_id: str) -> dict[str, str]:
         """Headers of one engine request: its own fresh ``X-Request-Id``, the client's id apart."""
         h = {"Content-Type": "application/json", REQUEST_ID_HEADER: attempt_id,
-             CLIENT_REQUEST_ID_HEADER: client_id, "Accept-Encoding": "identity"}
+             CLIENT_REQUEST_ID_HEADER: wire_header(client_id), "Accept-Encoding": "identity"}
         auth = request.headers.get("Authorization")
         if auth:
-            h["Authorization"] = auth
+            h["Authorization"] = wire_header(auth)
         return h
 
     async def _run(self, request: web.Request, path: str, req: dict[str, Any], raw: bytes, fields: Any,
