@@ -95,10 +95,21 @@ def test_validation_can_fail() -> None:
         with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
             validate_object(broken, "1.30")
     validate_object(lws, "1.30")
-    monitor = next(o for o in stack_run("cm384-prod").k8s_objects if o["kind"] == "PodMonitor")
-    monitor = {**monitor, "spec": {**monitor["spec"], "podMetricsEndpoints": []}}
-    with pytest.raises(jsonschema.ValidationError):
+    # monitors against the published prometheus-operator CRDs (crd_schemas.PROMETHEUS_OPERATOR_TAG)
+    monitors = [o for o in stack_run("cm384-prod").k8s_objects if o["kind"] in ("PodMonitor", "ServiceMonitor")]
+    assert {m["kind"] for m in monitors} == {"PodMonitor", "ServiceMonitor"}
+    for monitor in monitors:
         validate_crd(monitor)
+        endpoints = "podMetricsEndpoints" if monitor["kind"] == "PodMonitor" else "endpoints"
+        for key, value in (("interval", "15 seconds"), ("port", 8000), ("metricsPath", "/metrics")):
+            broken = json.loads(json.dumps(monitor))
+            broken["spec"][endpoints][0][key] = value  # a bad duration, a number for the port's name, a typo
+            with pytest.raises(jsonschema.ValidationError):
+                validate_crd(broken)
+        broken = json.loads(json.dumps(monitor))
+        del broken["spec"]["selector"]  # required by both CRDs
+        with pytest.raises(jsonschema.ValidationError):
+            validate_crd(broken)
 
 
 def test_registered_counts() -> None:

@@ -458,12 +458,36 @@ def instance_objects(ctx: Context, inst: InstancePlan) -> list[K8sObject]:
             "ports": [{"name": "http", "port": inst.api_port, "targetPort": inst.api_port, "protocol": "TCP"}],
         },
     })
-    objs.append({
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": metadata(ctx, inst.name, ENGINE_COMPONENT, inst_labels),
-        # evicting any rank takes the whole instance down: voluntary disruptions go through the runbooks
-        "spec": {"maxUnavailable": 0,
-                 "selector": {"matchLabels": {LABEL_COMPONENT: ENGINE_COMPONENT, LABEL_INSTANCE: inst.name}}},
-    })
+    objs.append(instance_pdb(ctx, inst, inst_labels))
     return objs
+
+
+#: First Kubernetes minor whose eviction API honours ``unhealthyPodEvictionPolicy`` by default (feature gate
+#: PDBUnhealthyPodEvictionPolicy: alpha and off in 1.26, beta and on from 1.27, GA in 1.31; the field's
+#: description in the policy/v1 ``PodDisruptionBudgetSpec`` OpenAPI schema of each release, and kubernetes/website
+#: ``content/en/docs/reference/command-line-tools-reference/feature-gates/PDBUnhealthyPodEvictionPolicy.md``).
+UNHEALTHY_POD_EVICTION_SINCE = (1, 27)
+
+
+def instance_pdb(ctx: Context, inst: InstancePlan, labels: dict[str, str]) -> K8sObject:
+    """The PodDisruptionBudget of an instance: no voluntary eviction of a serving instance's ranks.
+
+    ``maxUnavailable: 0``: evicting any rank takes the whole instance down (a LeaderWorkerSet recreates
+    the group), so a drain of a serving node is refused and goes through the runbooks. Under the
+    default ``unhealthyPodEvictionPolicy`` (``IfHealthyBudget``) the eviction API also refuses to
+    evict a *not Ready* pod whenever fewer pods are healthy than the budget wants, which with
+    ``maxUnavailable: 0`` is whenever any rank is not Ready: an instance that is already down (a
+    crashed leader makes every worker unready, a worker stuck on a failed node) would block the drain of
+    every node it occupies, forever. ``AlwaysAllow`` lets such pods go; Ready pods stay protected
+    (policy/v1 ``PodDisruptionBudgetSpec.unhealthyPodEvictionPolicy``; kubernetes/website
+    ``content/en/docs/tasks/run-application/configure-pdb.md``, "Unhealthy Pod Eviction Policy").
+    Older clusters (:data:`UNHEALTHY_POD_EVICTION_SINCE`) get the budget without the field.
+    Shape: a policy/v1 PodDisruptionBudget dict named after the instance.
+    """
+    spec: dict[str, Any] = {"maxUnavailable": 0,
+                            "selector": {"matchLabels": {LABEL_COMPONENT: ENGINE_COMPONENT, LABEL_INSTANCE: inst.name}}}
+    major, minor = (int(x) for x in str(ctx.k8s["version"]).split(".")[:2])
+    if (major, minor) >= UNHEALTHY_POD_EVICTION_SINCE:
+        spec["unhealthyPodEvictionPolicy"] = "AlwaysAllow"
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": metadata(ctx, inst.name, ENGINE_COMPONENT, labels), "spec": spec}
