@@ -8,7 +8,8 @@ tag it was read from:
 
 - :data:`RELEASES`: per release, the KV connectors the kit speaks, how graph
   mode is asked for, how redundant experts reach the engine, which env switch
-  or config key carries each operator option, and the image tag per hardware;
+  or config key carries each operator option, the image tag per hardware and the image's own
+  environment scripts the launch scripts source (a pod ``command:`` skips the image's ENTRYPOINT);
 - :func:`decode_graph_tokens`: the smallest ``max_num_batched_tokens`` the
   decode graph of a release fits in (the rule that crashed decode at capture);
 - :data:`METRICS`: the engine metric names the kit reads (dashboard, proxy,
@@ -72,6 +73,12 @@ class EngineRelease:
     fused_mc2_hardware: frozenset[str] = frozenset()
     #: ``vllm serve`` flags the release accepts but resets on Ascend, with the reason (and stack key to change).
     ignored_flags: Mapping[str, str] = field(default_factory=dict)
+    #: Environment scripts of the release's image (CANN toolkit, ATB, BiSheng IR) that its ENTRYPOINT sources;
+    #: a pod ``command:`` replaces that ENTRYPOINT, so the launch script sources them itself (each if present).
+    image_env_scripts: tuple[str, ...] = ()
+    #: Directories the release's own multi-node launcher puts in front of LD_LIBRARY_PATH (the image adds
+    #: /usr/local/lib in ~/.bashrc, which a non-interactive bash never reads).
+    image_library_dirs: tuple[str, ...] = ()
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def connector(self, dialect: str) -> Connector:
@@ -117,8 +124,11 @@ RELEASES: Mapping[str, EngineRelease] = MappingProxyType(
             ),
             llmdd_rpc_port_env="VLLM_ASCEND_LLMDD_RPC_PORT",
             mtp_method="deepseek_mtp",
+            # Dockerfile (v0.11.0) sources both before building; docs/source/faqs.md "Failed to infer device type"
+            image_env_scripts=("/usr/local/Ascend/ascend-toolkit/set_env.sh", "/usr/local/Ascend/nnal/atb/set_env.sh"),
             sources=MappingProxyType(
                 {
+                    "image_env_scripts": "Dockerfile / Dockerfile.a3 RUN ... source set_env.sh; docs/source/faqs.md #6 (v0.11.0)",
                     "connectors": "vllm_ascend/distributed/__init__.py register_connector (v0.11.0)",
                     "graph": "vllm_ascend/ascend_config.py TorchairGraphConfig; torchair/torchair_model_runner.py (v0.11.0)",
                     "redundancy": "vllm_ascend/ascend_config.py init_redundancy_expert; ops/common_fused_moe.py "
@@ -166,8 +176,20 @@ RELEASES: Mapping[str, EngineRelease] = MappingProxyType(
                     "on Ascend (v0.23.0); remove <role>.micro_batching",
                 }
             ),
+            # What vLLM-Ascend's own LeaderWorkerSet entrypoint does before `vllm serve` (v0.23.0
+            # tests/e2e/nightly/multi_node/scripts/run.sh); the image is FROM quay.io/ascend/cann:9.1.0-* (Dockerfile,
+            # Dockerfile.a3), whose ENTRYPOINT sources the same three scripts.
+            image_env_scripts=(
+                "/usr/local/Ascend/ascend-toolkit/set_env.sh",
+                "/usr/local/Ascend/cann-9.1.0/share/info/ascendnpu-ir/bin/set_env.sh",
+                "/usr/local/Ascend/nnal/atb/set_env.sh",
+            ),
+            image_library_dirs=("/usr/local/Ascend/ascend-toolkit/latest/python/site-packages", "/usr/local/lib"),
             sources=MappingProxyType(
                 {
+                    "image_env_scripts": "tests/e2e/nightly/multi_node/scripts/run.sh (LWS pods, `command:` bash run.sh); "
+                    "Dockerfile FROM quay.io/ascend/cann:9.1.0-910b-ubuntu22.04-py3.12, ~/.bashrc LD_LIBRARY_PATH "
+                    "/usr/local/lib (v0.23.0)",
                     "fused_mc2": "vllm_ascend/ascend_forward_context.py select_moe_comm_method: only "
                     "_select_a3_moe_comm_method reads enable_fused_mc2; 2 = dispatch_gmm_combine_decode on decode "
                     "within the MC2 token capacity, W8A8 (envs.py) (v0.23.0)",

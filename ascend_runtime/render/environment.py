@@ -12,7 +12,14 @@ switches are emitted only under the name the targeted release reads
 - 0.23 reads MLAPO and fused MC2 from ``--additional-config`` (``enable_mlapo``, ``enable_fused_mc2``;
   the env fallback is deprecated, vllm_ascend/ascend_config.py ``_get_config_value``):
   :func:`ascend_runtime.render.engine_args.additional_config` renders them, not this module;
-- ``DYNAMIC_EPLB=true`` on a stage with EPLB (asserted by EplbConfig, vllm_ascend/ascend_config.py v0.23.0).
+- ``DYNAMIC_EPLB=true`` on a stage with EPLB (asserted by EplbConfig, vllm_ascend/ascend_config.py v0.23.0);
+- ``VLLM_ENGINE_READY_TIMEOUT_S`` = the startup budget (``kubernetes.startup_probe_seconds``, default 3600 s)
+  where vLLM reads it (0.23): with ``--api-server-count`` > 1 the API server processes start before the engines
+  have loaded the weights and give up after it (vllm/v1/engine/core_client.py, vLLM v0.23.0; default 600 s,
+  which vLLM-Ascend's own multi-node CI raises to 1800, tests/e2e/nightly/multi_node/scripts/run.sh v0.23.0).
+
+The published recipes' other settings and why the kit differs from some of them: docs/rendering.md,
+"Against the vLLM-Ascend v0.23.0 recipes".
 
 Variables the engine does not read but CANN/HCCL, torch and torch_npu do are
 listed in :data:`RUNTIME_ENV` with their reader; the conformance tests check
@@ -48,11 +55,25 @@ RUNTIME_ENV = {
 }
 
 V1_SWITCH = "VLLM_USE_V1"
+#: Seconds a front end waits for its engines' first ready message (vllm/envs.py, vLLM v0.23.0; absent in 0.11).
+ENGINE_READY_TIMEOUT = "VLLM_ENGINE_READY_TIMEOUT_S"
+#: Startup budget of an engine when the stack does not set ``kubernetes.startup_probe_seconds`` (s).
+DEFAULT_STARTUP_TIMEOUT_S = 3600
 #: Published defaults (facts file section 2, large-EP recipe): HCCL_BUFFSIZE in MB per stage.
 DEFAULT_BUFFSIZE_MB = {"prefill": 256, "decode": 1024}
 OMP_NUM_THREADS = 10  # the published recipes' value
 #: Variables that always follow the Plan; extra_env cannot change them.
 PINNED = ("HCCL_IF_IP", "ASCEND_RT_VISIBLE_DEVICES", "HCCL_INTRA_ROCE_ENABLE", "HCCL_INTRA_PCIE_ENABLE")
+
+
+def startup_budget_s(plan: Plan) -> int:
+    """Seconds an engine may take to load and come up: ``kubernetes.startup_probe_seconds`` or 3600.
+
+    The same budget bounds the startup probe (Kubernetes), the headless ranks' wait for their leader (the
+    launch scripts) and the engine's own wait for its cores (:data:`ENGINE_READY_TIMEOUT`).
+    """
+    kube = plan.config.get("kubernetes") or {}
+    return int(kube.get("startup_probe_seconds") or DEFAULT_STARTUP_TIMEOUT_S)
 
 
 def hccl_buffsize_mb(plan: Plan, role: str) -> int:
@@ -107,8 +128,14 @@ def rank_env(plan: Plan, rank: RankPlan) -> dict[str, str]:
         rpc_env = engine_release(plan).llmdd_rpc_port_env
         if rpc_env:
             env[rpc_env] = str(plan.instance(rank.instance).llmdd_rpc_port)
-    if V1_SWITCH in load_surface(plan.vllm_ascend_version).env_vars:
+    surface_env = load_surface(plan.vllm_ascend_version).env_vars
+    if V1_SWITCH in surface_env:
         env[V1_SWITCH] = "1"  # the V1 engine switch, in vllm/envs.py up to 0.11; removed with V0 since
+    if ENGINE_READY_TIMEOUT in surface_env:
+        # vLLM v0.23.0 vllm/v1/engine/core_client.py: API server processes (--api-server-count > 1, started by
+        # vllm/entrypoints/cli/serve.py run_multi_api_server before the engines are up) wait this long for the
+        # engines' ready messages, i.e. for the weight load; the default 600 s is shorter than a DeepSeek-R1 load
+        env[ENGINE_READY_TIMEOUT] = str(startup_budget_s(plan))
     env.update(moe_switches(plan, rank.role))
     for key, value in plain_env(engine.get("extra_env")).items():
         if key not in PINNED:

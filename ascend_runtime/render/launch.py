@@ -23,11 +23,12 @@ from ascend_runtime.config.inventory import Inventory
 from ascend_runtime.hardware import hardware_spec
 from ascend_runtime.planner.modules import ModuleDegrees, seed_layout_notes
 from ascend_runtime.planner.plan import InstancePlan, Plan, RankPlan
-from ascend_runtime.render.engine_args import connector, engine_command, graph_mode
+from ascend_runtime.render.engine_args import connector, engine_command, engine_release, graph_mode
 from ascend_runtime.render.environment import (
     hccl_buffsize_mb,
     rank_env,
     secret_env_names,
+    startup_budget_s,
 )
 from ascend_runtime.render.paths import (
     LAUNCH_DIR,
@@ -43,8 +44,6 @@ from ascend_runtime.render.shell import (
     shell_environment,
     text_environment,
 )
-
-DEFAULT_STARTUP_TIMEOUT_S = 3600
 
 
 @lru_cache(maxsize=8)
@@ -68,8 +67,22 @@ def render_template(name: str, /, **context: Any) -> str:
 
 
 def _startup_timeout_s(plan: Plan) -> int:
-    kube = plan.config.get("kubernetes") or {}
-    return int(kube.get("startup_probe_seconds") or DEFAULT_STARTUP_TIMEOUT_S)
+    return startup_budget_s(plan)
+
+
+def image_environment(plan: Plan) -> dict[str, Any]:
+    """What the launch scripts do first so the engine sees the image's runtime environment.
+
+    ``{"scripts": [path, ...], "library_path": "dir:dir" | ""}``: the CANN / ATB / BiSheng IR environment
+    scripts the release's image ENTRYPOINT sources (a pod ``command:`` replaces that ENTRYPOINT; vLLM-Ascend's
+    FAQ answers "Failed to infer device type" / "libatb.so: cannot open" with sourcing them) and the
+    directories put in front of LD_LIBRARY_PATH, as vLLM-Ascend v0.23.0's own LeaderWorkerSet entrypoint does
+    (tests/e2e/nightly/multi_node/scripts/run.sh: each directory prepended in turn, so the last is first).
+    A script missing from the image is skipped at run time; the Plan's variables are exported afterwards
+    and always win.
+    """
+    row = engine_release(plan)
+    return {"scripts": list(row.image_env_scripts), "library_path": ":".join(reversed(row.image_library_dirs))}
 
 
 def leader_watch_script() -> str:
@@ -103,6 +116,7 @@ def launch_script(plan: Plan, rank: RankPlan) -> str:
         dp_start=rank.dp_start_rank,
         dp_end=rank.dp_start_rank + rank.dp_local - 1,
         startup_timeout_s=_startup_timeout_s(plan),
+        image_env=image_environment(plan),
         env=list(rank_env(plan, rank).items()),
         secret_env=secret_env_names(plan),
         required_files=required,
@@ -209,6 +223,7 @@ def worker_launch_script(plan: Plan, inst: InstancePlan) -> str:
         rank_count=len(inst.ranks),
         last_index=len(inst.ranks) - 1,
         dp_local=workers[0].dp_local,
+        image_env=image_environment(plan),
         env=common,
         node_env=per_node,
         secret_env=secret_env_names(plan),

@@ -119,3 +119,18 @@ def test_mtp_and_quantization_follow_the_stack(plans: dict[str, Plan], edited_pl
     assert json.loads(str(a2["--speculative-config"]))["method"] == "mtp"  # 0.23; 0.11 keeps deepseek_mtp
     plan = edited_plan("kind", lambda c: c["engine"].update(extra_args=["--no-enable-prefix-caching"]))
     assert engine_command(plan, plan.ranks[0])[-1] == "--no-enable-prefix-caching"
+
+
+@pytest.mark.parametrize("stack", ("a2-staging", "cm384-prod", "kind", "local"))
+def test_kv_extra_config_own_side_is_the_instance_shape(plans: dict[str, Plan], stack: str) -> None:
+    """vLLM-Ascend v0.23.0 vllm_ascend/utils.py ``check_kv_extra_config`` refuses to start a producer whose
+    ``prefill`` (a consumer whose ``decode``) dp_size / tp_size differ from its own parallel config; the
+    worker reads both sides (kv_p2p/mooncake_connector.py ``_get_prefill_decode_size``)."""
+    plan = plans[stack]
+    for rank in plan.ranks:
+        inst = plan.instance(rank.instance)
+        kv = json.loads(str(flags(engine_command(plan, rank))["--kv-transfer-config"]))
+        extra = kv["kv_connector_extra_config"]
+        assert extra[inst.role] == {"dp_size": inst.dp, "tp_size": inst.tp}, (stack, rank.name)
+        assert set(extra) == {"prefill", "decode"} and extra["prefill"]["tp_size"] >= extra["decode"]["tp_size"]
+        assert kv["kv_role"] == ("kv_producer" if inst.role == "prefill" else "kv_consumer")

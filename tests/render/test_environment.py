@@ -117,3 +117,24 @@ def test_operator_switches_per_release(plans: dict[str, Plan], edited_plan) -> N
         if rank.role == "prefill":
             assert env["VLLM_ASCEND_ENABLE_FLASHCOMM1"] == "1"
     assert all("enable_mlapo" not in additional_config(old, inst) for inst in old.instances)
+
+
+def test_engine_ready_timeout_is_the_startup_budget(plans: dict[str, Plan], edited_plan) -> None:
+    """vLLM v0.23.0 API server processes (--api-server-count > 1) wait VLLM_ENGINE_READY_TIMEOUT_S (default 600 s,
+    vllm/v1/engine/core_client.py) for engines that are still loading: the kit gives them its startup budget."""
+    for stack in ("a2-staging", "cm384-prod"):
+        plan = plans[stack]
+        budget = plan.config["kubernetes"]["startup_probe_seconds"]
+        assert {rank_env(plan, r)["VLLM_ENGINE_READY_TIMEOUT_S"] for r in plan.ranks} == {str(budget)}
+    assert plans["a2-staging"].config["kubernetes"]["startup_probe_seconds"] != \
+        plans["cm384-prod"].config["kubernetes"]["startup_probe_seconds"]  # so the value follows the stack
+    longer = edited_plan("a2-staging", lambda c: (
+        c["kubernetes"].update(startup_probe_seconds=7000),
+        c["engine"].update(extra_env={"VLLM_ENGINE_READY_TIMEOUT_S": "900"}),
+    ))
+    assert rank_env(longer, longer.ranks[0])["VLLM_ENGINE_READY_TIMEOUT_S"] == "900"  # extra_env still wins
+    old = edited_plan("a2-staging", lambda c: (
+        c["engine"].update(vllm_ascend_version="0.11.0"), c["prefill"].pop("eplb"),
+        c["decode"].update(max_num_batched_tokens=256), c["decode"].pop("modules", None),
+    ))
+    assert all("VLLM_ENGINE_READY_TIMEOUT_S" not in rank_env(old, r) for r in old.ranks)  # not in vLLM 0.11

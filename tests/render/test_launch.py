@@ -172,3 +172,44 @@ def test_hccn_conf_from_inventory_and_plan(plans: dict[str, Plan]) -> None:
     assert "address_7=198.51.100.17" in bare and "netmask_" not in bare
     with pytest.raises(KeyError):
         hccn_conf(plan, "no-such-node")
+
+
+def test_scripts_set_up_the_image_environment_first(plans: dict[str, Plan], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image's set_env scripts run before the Plan's exports (which win), a missing one is skipped, one
+    that trips `set -eu` does not stop the script, and LD_LIBRARY_PATH gains the release's directories in
+    front (vLLM-Ascend v0.23.0 tests/e2e/nightly/multi_node/scripts/run.sh)."""
+    from ascend_runtime.engine.releases import RELEASES
+    from ascend_runtime.render import launch
+    from ascend_runtime.render.environment import rank_env
+
+    plan = plans["a2-staging"]
+    rank = plan.ranks[0]
+    text = launch_script(plan, rank)
+    row = RELEASES["0.23.0"]
+    for path in row.image_env_scripts:
+        assert f" {path}" in text
+    assert "library_path=/usr/local/lib:/usr/local/Ascend/ascend-toolkit/latest/python/site-packages\n" in text
+    assert text.index("source \"$image_env_script\"") < text.index("export HCCL_IF_IP=")
+
+    cann = tmp_path / "cann.sh"
+    cann.write_text('export FROM_IMAGE_ENV="$UNSET_IN_THIS_SHELL"yes\nexport HCCL_IF_IP=203.0.113.9\nfalse\n')
+    atb = tmp_path / "atb.sh"
+    atb.write_text("export ATB_FROM_IMAGE=1\n")
+    monkeypatch.setattr(launch, "image_environment", lambda p: {
+        "scripts": [str(cann), str(tmp_path / "missing.sh"), str(atb)], "library_path": "/opt/a:/opt/b"})
+    script = tmp_path / "rank.sh"
+    script.write_text(launch_script(plan, rank))
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "vllm").write_text('#!/usr/bin/env bash\nenv -0 > "$STUB_OUT/env"\n')
+    (tmp_path / "vllm").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASCEND_DEPLOY_") and k != "LD_LIBRARY_PATH"}
+    env.update(PATH=f"{tmp_path}:/usr/bin:/bin", STUB_OUT=str(out), ASCEND_DEPLOY_CHECK_FILES="0")
+    result = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    got = dict(item.split("=", 1) for item in (out / "env").read_text().split("\0") if "=" in item)
+    assert got["FROM_IMAGE_ENV"] == "yes" and got["ATB_FROM_IMAGE"] == "1"
+    assert got["LD_LIBRARY_PATH"] == "/opt/a:/opt/b"
+    for key, value in rank_env(plan, rank).items():
+        assert got[key] == value, key  # the Plan's exports come after the image's scripts

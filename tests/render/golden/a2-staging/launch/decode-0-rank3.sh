@@ -16,6 +16,22 @@ if [ "$requested" != "$RANK_NAME" ]; then
   exit 64
 fi
 
+# The engine image's runtime environment (ascend_runtime.render.launch.image_environment). Its ENTRYPOINT
+# sources the CANN/ATB/BiSheng scripts and its ~/.bashrc extends LD_LIBRARY_PATH; a pod `command:` and a
+# non-interactive bash skip both, so this does what vLLM-Ascend's own LeaderWorkerSet entrypoint does
+# (tests/e2e/nightly/multi_node/scripts/run.sh, v0.23.0). A script the image lacks is skipped; they may
+# use unset variables and fail on optional parts, hence +eu; the Plan's variables below always win.
+library_path=/usr/local/lib:/usr/local/Ascend/ascend-toolkit/latest/python/site-packages
+export LD_LIBRARY_PATH="$library_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+set +eu
+for image_env_script in /usr/local/Ascend/ascend-toolkit/set_env.sh /usr/local/Ascend/cann-9.1.0/share/info/ascendnpu-ir/bin/set_env.sh /usr/local/Ascend/nnal/atb/set_env.sh; do
+  if [ -r "$image_env_script" ]; then
+    # shellcheck source=/dev/null
+    source "$image_env_script"
+  fi
+done
+set -eu
+
 # HCCL and runtime environment (ascend_runtime.render.environment.rank_env).
 export ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7
 export GLOO_SOCKET_IFNAME=enp189s0f0
@@ -31,6 +47,7 @@ export OMP_PROC_BIND=false
 export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True
 export TASK_QUEUE_ENABLE=1
 export TP_SOCKET_IFNAME=enp189s0f0
+export VLLM_ENGINE_READY_TIMEOUT_S=3600
 
 # Files this rank reads; ASCEND_DEPLOY_CHECK_FILES=0 skips the check (tests only).
 required_files=()
