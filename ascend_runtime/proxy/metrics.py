@@ -3,7 +3,9 @@
 Names (all prefixed ``ascend_proxy_``):
   requests_total{endpoint,outcome,status}   counter; outcome in success, client_error,
                                             upstream_error, no_instance, stream_error,
-                                            client_disconnect, proxy_error; status is the
+                                            client_disconnect, proxy_error, bad_request (a
+                                            malformed request head: endpoint "-",
+                                            protolog.py); status is the
                                             answer's HTTP status (200 for a stream ended
                                             by an error event, 499 client went away)
   ttft_seconds / itl_seconds / e2e_seconds   histograms measured at the proxy (seconds):

@@ -33,6 +33,7 @@ from ascend_runtime.proxy.health import HealthChecker
 from ascend_runtime.proxy.instances import InstanceSpec, check_unique
 from ascend_runtime.proxy.metrics import ProxyMetrics
 from ascend_runtime.proxy.pool import InstancePool
+from ascend_runtime.proxy.protolog import NO_ENDPOINT, ProtocolErrorLog
 from ascend_runtime.proxy.workers import WorkerGroup, is_local
 
 log = logging.getLogger(__name__)
@@ -240,8 +241,12 @@ async def start_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = Non
         # request.read() (admin API) is limited as the completion bodies are (Limits.max_body_bytes)
         return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=max_body)
 
+    # logger: a malformed request head is counted and logged in one line, not a traceback each (protolog.py)
+    metrics = proxy.metrics
+    server_log = ProtocolErrorLog(logging.getLogger("ascend_runtime.proxy.http"),
+                                  lambda: metrics.requested(NO_ENDPOINT, "bad_request", "400"))
     server = web.Server(proxy.routes, request_factory=make_request, handler_cancellation=True, access_log=None,
-                        keepalive_timeout=config.limits.header_timeout_s, lingering_time=0)
+                        keepalive_timeout=config.limits.header_timeout_s, lingering_time=0, logger=server_log)
     runner = web.ServerRunner(server)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True,
