@@ -18,6 +18,22 @@ Sources:
   the RDMA plane gives up to 400 Gb/s (50 GB/s) per NPU between supernodes.
   The driver exposes each die as one NPU device, so an A3 server shows 16
   devices (device_id = card * 2 + chip) and a super pod holds 48 x 16 = 768.
+
+Host side of a node (``host_cpus``, ``host_memory_gib``) and the engine pod's default CPU request and
+memory limit sized from it (``engine_cpu``, ``engine_memory_gib``; docs/kubernetes.md, "Engine
+resources"). The defaults leave room for the kubelet's and the system's reservations, the device
+plugin (500m / 500Mi, MindCluster v26.1.0 ``ascendplugin.yaml``) and node daemons (CNI, kube-proxy,
+exporters, log agents):
+- Atlas 800I A2: 4 x Kunpeng 920 of 48 cores (192 CPUs, no SMT) and 32 DDR4 DIMM slots, 1 TiB as
+  32 x 32 GB (Huawei, Atlas 800I A2 inference server technical specifications). Defaults: 160 CPUs
+  and 768 GiB, a sixth of the CPUs and a quarter of the memory left to the node.
+- CloudMatrix 384: 4 Kunpeng CPUs per compute node (arXiv 2506.12708, section 3); the paper gives
+  neither their cores nor the node's DRAM. The floor the kit relies on is what vLLM-Ascend's own A3
+  pods are scheduled with beside the device plugin (v0.23.0
+  ``tests/e2e/nightly/multi_node/scripts/lws.yaml.jinja2``: requests cpu 125, limits memory 512Gi per
+  16-die node), which are also the defaults; ``host_cpus``/``host_memory_gib`` record that floor
+  (128 CPUs, 1 TiB assumed), not a measured node. Stacks on larger nodes raise
+  ``kubernetes.engine_cpu`` / ``kubernetes.engine_memory_gib``.
 """
 
 from __future__ import annotations
@@ -49,6 +65,14 @@ class HardwareSpec:
     moe_dispatch: Literal["mc2", "all2all"]
     recommended_kv_port_base: int
     sources: tuple[str, ...]
+    #: Logical CPUs of one node (the smallest node the engine defaults are sized for).
+    host_cpus: int = 0
+    #: Host DRAM of one node, GiB.
+    host_memory_gib: int = 0
+    #: Default CPU request of an engine pod (whole CPUs; no CPU limit, docs/kubernetes.md).
+    engine_cpu: int = 0
+    #: Default memory request = limit of an engine pod, GiB (/dev/shm included).
+    engine_memory_gib: int = 0
 
     @property
     def has_super_pods(self) -> bool:
@@ -79,7 +103,13 @@ ATLAS_800I_A2 = HardwareSpec(
     accelerator_type_label="module-910b-8",
     moe_dispatch="mc2",
     recommended_kv_port_base=28000,
-    sources=("Huawei DeepSeek on Atlas 800I A2 report (facts file section 1)",),
+    sources=("Huawei DeepSeek on Atlas 800I A2 report (facts file section 1)",
+             ("Huawei Atlas 800I A2 inference server technical specifications: 4 x Kunpeng 920 (48 cores), "
+              "32 DDR4 DIMM slots")),
+    host_cpus=192,
+    host_memory_gib=1024,
+    engine_cpu=160,
+    engine_memory_gib=768,
 )
 
 CM384 = HardwareSpec(
@@ -100,7 +130,13 @@ CM384 = HardwareSpec(
     sources=(
         "Zuo et al., Serving Large Language Models on Huawei CloudMatrix384, arXiv 2506.12708, section 3",
         "vLLM-Ascend Mooncake guide: kv_port >= 36000 on 16-die nodes (facts file section 2)",
+        ("vLLM-Ascend v0.23.0 tests/e2e/nightly/multi_node/scripts/lws.yaml.jinja2: A3 pods request cpu 125, "
+         "limit memory 512Gi"),
     ),
+    host_cpus=128,
+    host_memory_gib=1024,
+    engine_cpu=125,
+    engine_memory_gib=512,
 )
 
 CATALOGUE: dict[str, HardwareSpec] = {spec.kind: spec for spec in (ATLAS_800I_A2, CM384)}

@@ -117,7 +117,7 @@ class DirLoadSource:
                     raise ValueError("shape or rank does not match the header")
                 if not np.isfinite(cum).all() or (cum < 0).any():
                     raise ValueError("expert_load holds counts that are not finite and non-negative")
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+            except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: nested too deeply
                 log.warning("%s: skipping %s: %s", self.name, path, exc)
                 self.skipped.append((path, str(exc)))
                 continue

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ascend_runtime.config.errors import ConfigError
+from ascend_runtime.config.errors import MAX_DURATION_S, MIN_INTERVAL_S, ConfigError
 from ascend_runtime.planner import Plan, load_plan
 
 
@@ -112,6 +112,29 @@ def check_number(flag: str, value: float | None, minimum: float = 0.0, strict: b
             bound += f" and <= {maximum:g}"
         return input_error(flag, f"must be a finite number {bound} (got {value!r})")
     return None
+
+
+def check_duration(flag: str, value: float | None, minimum: float = 0.0, strict: bool = True,
+                   maximum: float = MAX_DURATION_S, unit: str = "seconds") -> int | None:
+    """A timeout, delay or deadline (None: not given): finite, above ``minimum`` (``strict``) or at least it, and
+    at most ``maximum`` (default :data:`~ascend_runtime.config.errors.MAX_DURATION_S` seconds, a day; give
+    ``unit="milliseconds"`` with ``maximum=MAX_DURATION_S * 1000`` for an SLO): ``1e308`` would overflow a
+    timer or wait forever."""
+    if value is None:
+        return None
+    low_ok = value > minimum if strict else value >= minimum
+    if not math.isfinite(value) or not low_ok or value > maximum:
+        low = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        longest = "a day" if maximum in (MAX_DURATION_S, MAX_DURATION_S * 1000) else "the longest it may be"
+        return input_error(flag, f"must be {low} and <= {maximum:g} {unit} ({longest}), a finite number "
+                           f"(got {value!r})")
+    return None
+
+
+def check_interval(flag: str, value: float | None) -> int | None:
+    """A polling interval in seconds (None: not given): from :data:`~ascend_runtime.config.errors.MIN_INTERVAL_S`
+    (shorter polls a service as fast as the loop runs) to a day."""
+    return check_duration(flag, value, MIN_INTERVAL_S, strict=False)
 
 
 def check_count(flag: str, value: int | None, minimum: int = 1, maximum: int | None = None) -> int | None:
@@ -287,6 +310,60 @@ def check_input_dir(flag: str, value: str | None) -> int | None:
         what = "does not exist" if not path.exists() else "is not a directory"
         return input_error(flag, f"{value} {what}; name an existing directory")
     return None
+
+
+#: Largest JSON input file read (a Plan of a 16-pod CM384 stack is a few MB).
+MAX_JSON_BYTES = 64 * 1024 * 1024
+
+
+class _DuplicateKey(ValueError):
+    """A JSON object gives one key twice (``json`` would keep the last silently)."""
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    doc: dict[str, object] = {}
+    for key, value in pairs:
+        if key in doc:
+            raise _DuplicateKey(key)
+        doc[key] = value
+    return doc
+
+
+def read_json(flag: str, value: str, what: str = "JSON") -> tuple[object, int]:
+    """The decoded JSON document of the file ``value``, or ``(None, 2)`` after an error naming ``flag``.
+
+    Refused, each with the fix: a file that cannot be read, one over :data:`MAX_JSON_BYTES`, text that is
+    not UTF-8 (a leading byte-order mark is accepted), a syntax error (line and column), a key given twice
+    in one object, nesting too deep for the decoder. ``what`` names the document for the hint."""
+    path = Path(value)
+    try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            return None, input_error(flag, f"{value} is larger than {MAX_JSON_BYTES} bytes; name the {what} file itself")
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None, input_error(flag, f"{value} does not exist; check the name")
+    except IsADirectoryError:
+        return None, input_error(flag, f"{value} is a directory; name the {what} file itself")
+    except OSError as exc:
+        return None, input_error(flag, f"cannot read {value}: {exc.strerror or type(exc).__name__}; check the path")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        return None, input_error(flag, f"{value} is not UTF-8 text (byte 0x{data[exc.start]:02x} at line {line}); "
+                                 f"give the {what} file")
+    import json  # noqa: PLC0415
+
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates), 0
+    except _DuplicateKey as exc:
+        return None, input_error(flag, f"{value}: key {str(exc)[:60]!r} is given twice in one object (JSON would keep "
+                                 "the last); keep one")
+    except json.JSONDecodeError as exc:
+        return None, input_error(flag, f"{value} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}; "
+                                 f"give the {what} file")
+    except RecursionError:
+        return None, input_error(flag, f"{value} is nested too deeply to be the {what} file; give the {what} file")
 
 
 def write_output(flag: str, value: str, text: str) -> int | None:

@@ -43,13 +43,22 @@ VALUE_LIMIT = 60
 MAX_PROBLEMS_SHOWN = 30
 #: pydantic error type of the checks below; ``ctx``: message, hint and optionally ``at`` (a sub-key).
 VALUE_ERROR = "config_value"
+#: Longest duration any timeout, interval, delay, deadline or probe may be, in the stack, the inventory or
+#: a flag (one day, in seconds): a longer one is a typo (``1e308``) that would overflow a timer or wait forever.
+MAX_DURATION_S = 86_400
+#: Shortest interval a polling loop may wait between rounds (seconds); below it, it would poll as fast as it can.
+MIN_INTERVAL_S = 0.01
+#: Upper bound of counts that size memory, threads or requests (tokens, prompts, requests in flight, cycles).
+MAX_COUNT = 1 << 20
+#: Highest request rate (requests/s) a stack may be sized or checked for: far above any deployment's.
+MAX_REQUEST_RATE = 1_000_000.0
 
 
 def shorten(value: Any, limit: int = VALUE_LIMIT) -> Any:
     """``value`` as an error may show it: strings and long reprs cut to ``limit`` characters."""
-    if value is None or isinstance(value, (bool, int, float)):
+    if value is None or isinstance(value, (bool, float)) or (isinstance(value, int) and -10 ** 18 < value < 10 ** 18):
         return value
-    text = value if isinstance(value, str) else repr(value)
+    text = value if isinstance(value, str) else repr(value)  # a 400-digit number is cut like a long string
     if len(text) <= limit:
         return value
     return text[: limit - 3] + "..."

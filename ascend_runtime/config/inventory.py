@@ -77,6 +77,7 @@ from ascend_runtime.config.errors import (
     address_problem,
     invalid,
     is_dns_subdomain,
+    shorten,
 )
 
 #: Hardware kinds whose devices have a VNIC besides the RoCE port (A3 / CloudMatrix 384).
@@ -96,8 +97,21 @@ def _ssh_host_problem(value: str) -> str | None:
 
 
 class _Strict(BaseModel):
-    # strict: a YAML `true` is no port, `"22"` no number (docs/validation.md)
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # strict: a YAML `true` is no port, `"22"` no number; allow_inf_nan=False: `.inf` is no timeout (docs/validation.md)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+#: Longest SSH connect timeout (seconds): an hour; a TCP and SSH handshake that takes longer has failed.
+MAX_CONNECT_TIMEOUT_S = 3600
+#: Largest super pod and super device id (npu-smi prints 32-bit unsigned ids).
+MAX_POD_ID = 0xFFFFFFFF
+
+
+def _one_line(value: str | None) -> str | None:
+    """A path or version text without control characters (a newline or NUL pasted into the value)."""
+    if value is not None and any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise invalid(f"{shorten(value)!r} holds a control character (a newline, tab or NUL)", "write it on one line")
+    return value
 
 
 class SshSettings(_Strict):
@@ -105,11 +119,15 @@ class SshSettings(_Strict):
 
     user: str = Field("root", description="SSH login user.")
     port: int = Field(22, ge=1, le=65535, description="SSH port unless a node overrides it.")
-    key_file: str | None = Field(None, min_length=1, description="Private key file; None uses the SSH agent / default keys.")
+    key_file: str | None = Field(None, min_length=1, max_length=4096,
+                                 description="Private key file; None uses the SSH agent / default keys.")
     jump_host: str | None = Field(None, description="Bastion as user@host[:port], or None.")
-    known_hosts: str = Field("~/.ssh/known_hosts", min_length=1, description="known_hosts file checked strictly.")
+    known_hosts: str = Field("~/.ssh/known_hosts", min_length=1, max_length=4096, description="known_hosts file checked strictly.")
     sudo: bool = Field(False, description="Prefix privileged commands with sudo -n.")
-    connect_timeout_s: float = Field(10.0, gt=0, description="TCP + SSH handshake timeout, seconds.")
+    connect_timeout_s: float = Field(10.0, gt=0, le=MAX_CONNECT_TIMEOUT_S,
+                                     description="TCP + SSH handshake timeout, seconds (at most 3600).")
+
+    _paths_one_line = field_validator("key_file", "known_hosts")(_one_line)
 
     @field_validator("user")
     @classmethod
@@ -135,9 +153,11 @@ class SshSettings(_Strict):
 class NodeVersions(_Strict):
     """Driver, firmware and CANN versions the facts playbook read on the host."""
 
-    driver: str | None = None
-    firmware: str | None = None
-    cann: str | None = None
+    driver: str | None = Field(None, max_length=128)
+    firmware: str | None = Field(None, max_length=128)
+    cann: str | None = Field(None, max_length=128)
+
+    _versions_one_line = field_validator("driver", "firmware", "cann")(_one_line)
 
 
 class Device(_Strict):
@@ -155,8 +175,8 @@ class Device(_Strict):
         description="A3 only: VNIC IP (hccn_tool -i N -vnic -g), used only by the LLMDataDist PD rank table; "
         "never written to the RoCE port.",
     )
-    super_device_id: int | None = Field(None, ge=0, description="A3: SDID from npu-smi spod-info.")
-    super_pod_id: int | None = Field(None, ge=0, description="A3: Super Pod ID from npu-smi spod-info.")
+    super_device_id: int | None = Field(None, ge=0, le=MAX_POD_ID, description="A3: SDID from npu-smi spod-info (32-bit).")
+    super_pod_id: int | None = Field(None, ge=0, le=MAX_POD_ID, description="A3: Super Pod ID from npu-smi spod-info (32-bit).")
 
     @model_validator(mode="after")
     def _vnic_is_not_the_roce_ip(self) -> Device:

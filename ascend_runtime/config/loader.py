@@ -136,10 +136,39 @@ def _duplicate_keys(node: yaml.Node, path: tuple[Any, ...] = (), seen_nodes: set
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+#: Deepest nesting of mappings and lists a stack, inventory or input file may have (the committed ones nest 5 deep).
+MAX_YAML_DEPTH = 64
+
+
+def _too_deep(text: str, limit: int = MAX_YAML_DEPTH) -> bool:
+    """True when the document nests mappings and lists more than ``limit`` deep.
+
+    Read from the parser's events, which libyaml produces without recursion, before anything is composed:
+    the C composer recurses once per level without a bound and overflows the C stack (a crash, not an
+    exception) on some 50,000 levels, which ``- - - - ...`` writes in 100 KB."""
+    loader = _SAFE_LOADER(text)
+    depth = 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > limit:
+                    return True
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+        return False
+    finally:
+        loader.dispose()
+
+
 def parse_yaml(text: str, what: str, source: str = "", key_path=_node_path) -> Any:
-    """One YAML document; ConfigError for a syntax error (line, column), a duplicate key or an empty document."""
+    """One YAML document; ConfigError for a syntax error (line, column), a duplicate key, an empty document or
+    nesting deeper than :data:`MAX_YAML_DEPTH`."""
     loader = _SAFE_LOADER(text)
     try:
+        if _too_deep(text):
+            raise RecursionError
         node = loader.get_single_node()
         if node is None:
             raise ConfigError.single(what, "the file is empty", hint=f"write the {what} mapping", source=source)
@@ -157,8 +186,8 @@ def parse_yaml(text: str, what: str, source: str = "", key_path=_node_path) -> A
         raise ConfigError.single(what, f"not valid YAML: {problem}{where}", hint="fix the YAML syntax there",
                                  source=source) from None
     except RecursionError:
-        raise ConfigError.single(what, "nested too deeply to be a stack or an inventory", hint="fix the file's structure",
-                                 source=source) from None
+        raise ConfigError.single(what, f"nested too deeply (more than {MAX_YAML_DEPTH} levels of mappings and lists)",
+                                 hint="fix the file's structure", source=source) from None
     finally:
         loader.dispose()
 

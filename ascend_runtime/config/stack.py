@@ -16,12 +16,24 @@ for timeouts.
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from ascend_runtime.config.errors import (
+    MAX_COUNT,
+    MAX_DURATION_S,
+    MAX_REQUEST_RATE,
+    MIN_INTERVAL_S,
     AbsolutePath,
     DnsLabel,
     DnsSubdomain,
@@ -64,7 +76,8 @@ class StageConfig(_Strict):
     tp: int = Field(1, ge=1, description="Tensor-parallel size of each DP rank.")
     ep: int = Field(1, ge=1, description="Expert-parallel size (1, or dp x tp with --enable-expert-parallel).")
     max_num_seqs: int = Field(16, ge=1, description="Concurrent sequences per DP rank.")
-    max_num_batched_tokens: int = Field(8192, ge=1, description="Tokens per scheduler step per DP rank.")
+    max_num_batched_tokens: int = Field(8192, ge=1, le=MAX_COUNT,
+                                        description="Tokens per scheduler step per DP rank (at most 2^20).")
     redundant_experts: int = Field(0, ge=0, le=4096, description="Extra physical expert slots per MoE layer.")
     mtp: bool = Field(False, description="Multi-token prediction, 1 speculative token (method `mtp` on vLLM-Ascend 0.23.0, `deepseek_mtp` on 0.11.0: EngineRelease.mtp_method).")
     context_len: int = Field(4096, ge=1, description="Context per sequence used to size the KV cache (tokens).")
@@ -85,7 +98,9 @@ class StageConfig(_Strict):
         None, description="In-engine expert balancing of this stage; needed when redundant_experts > 0."
     )
     api_server_count: int | None = Field(
-        None, ge=1, description="API server processes of the leader (default: sized from slo.expected_request_rate)."
+        None, ge=1, le=256,
+        description="API server processes of the leader (default: sized from slo.expected_request_rate); at most 256, "
+        "more than a node's cores.",
     )
     recompute_scheduler: bool | None = Field(
         None, description="Recompute scheduler (decode only; default on for decode where the release has it)."
@@ -172,6 +187,20 @@ class EplbStageConfig(_Strict):
     )
 
 
+_RELEASE = re.compile(r"v?[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}\Z")
+
+
+def _arg_word(value: str) -> str:
+    """One engine argv word: no NUL or other control character (tab and newline pass; quoting keeps them)."""
+    if any((ord(c) < 0x20 and c not in "\t\n") or ord(c) == 0x7F for c in value):
+        raise invalid("holds a NUL or another control character, which no command-line argument can carry",
+                      "remove it (write the argument on one line)")
+    return value
+
+
+ArgWord = Annotated[str, AfterValidator(_arg_word)]
+
+
 _MOVED_ENGINE_KEYS = {
     "dynamic_eplb": "set prefill.eplb / decode.eplb (per stage: their EP sizes differ)",
     "expert_map_path": "set prefill.eplb / decode.eplb (static maps cannot be shared by stages of different EP sizes)",
@@ -201,12 +230,21 @@ class EngineConfig(_Strict):
         return data
 
     hccl_connect_timeout_s: int = Field(7200, ge=120, le=7200, description="HCCL_CONNECT_TIMEOUT (s).")
-    extra_args: list[str] = Field(default_factory=list, description="Extra engine command-line arguments.")
+    extra_args: list[ArgWord] = Field(default_factory=list, description="Extra engine command-line arguments "
+                                  "(no NUL or other control character but tab and newline: an argv word cannot hold one).")
     extra_env: dict[str, str | dict] = Field(
         default_factory=dict,
         description="Extra engine environment variables: NAME: value, or a secret reference {secret: <pulumi config key>} "
         "or {secretKeyRef: {name: <Secret>, key: <key>}} (docs/kubernetes.md, Secrets).",
     )
+
+    @field_validator("vllm_ascend_version")
+    @classmethod
+    def _release(cls, value: str) -> str:
+        """A release number, ``0.23.0`` (a leading ``v`` is dropped: every reader compares the bare number)."""
+        if not _RELEASE.match(value):
+            raise invalid("not a release number (digits and dots, no spaces)", "e.g. '0.23.0'")
+        return value.removeprefix("v")
 
     @model_validator(mode="before")
     @classmethod
@@ -248,21 +286,24 @@ class PortsConfig(_Strict):
 class SloConfig(_Strict):
     """Service level objectives used by goodput."""
 
-    ttft_ms: float = Field(2000.0, gt=0, description="Time to first token (ms).")
-    tpot_ms: float = Field(100.0, gt=0, description="Time per output token (ms).")
+    ttft_ms: float = Field(2000.0, gt=0, le=MAX_DURATION_S * 1000, description="Time to first token (ms; at most a day).")
+    tpot_ms: float = Field(100.0, gt=0, le=MAX_DURATION_S * 1000, description="Time per output token (ms; at most a day).")
     expected_request_rate: float | None = Field(
-        None, gt=0, description="Requests/s the whole deployment is sized for (sizes API server processes)."
+        None, gt=0, le=MAX_REQUEST_RATE,
+        description="Requests/s the whole deployment is sized for (sizes API server processes); at most 1,000,000."
     )
 
 
 class ThroughputCheckConfig(_Strict):
     """Shape of the post-deploy throughput check."""
 
-    input_len: int = Field(2048, ge=1)
-    output_len: int = Field(2048, ge=1)
-    concurrency: int = Field(64, ge=1)
-    num_prompts: int = Field(256, ge=1)
-    min_goodput: float = Field(0.0, ge=0, description="Requests/s meeting every SLO, below which the check fails.")
+    input_len: int = Field(2048, ge=1, le=MAX_COUNT, description="Prompt tokens per request (at most 2^20, as "
+                           "`check throughput --input-len`).")
+    output_len: int = Field(2048, ge=1, le=MAX_COUNT, description="Output tokens per request (at most 2^20).")
+    concurrency: int = Field(64, ge=1, le=MAX_COUNT, description="Requests in flight (at most 2^20).")
+    num_prompts: int = Field(256, ge=1, le=MAX_COUNT, description="Measured requests (at most 2^20).")
+    min_goodput: float = Field(0.0, ge=0, le=MAX_REQUEST_RATE,
+                               description="Requests/s meeting every SLO, below which the check fails.")
     published_decode_tokens_per_npu: float | None = Field(
         None, gt=0, description="Published per-NPU decode figure the report compares against (tokens/s)."
     )
@@ -271,8 +312,9 @@ class ThroughputCheckConfig(_Strict):
 class SimulatorConfig(_Strict):
     """Engine simulator settings, used only by the explicit `local` and `kind` targets."""
 
-    speedup: float = Field(1.0, gt=0, description="Divides all simulated time.")
-    startup_delay_s: float = Field(0.0, ge=0, description="Seconds before /health turns 200.")
+    speedup: float = Field(1.0, ge=0.001, description="Divides all simulated time (at least 0.001: a thousand times "
+                           "slower than modelled).")
+    startup_delay_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, description="Seconds before /health turns 200 (at most a day).")
     link_gbps: float = Field(50.0, gt=0, description="Modelled KV link rate between nodes (GB/s).")
     image: ImageRef = Field("ascend-deploy-runtime:dev", description="Runtime image running the simulator on kind.")
 
@@ -333,7 +375,14 @@ class KubernetesConfig(_Strict):
         None, description="RuntimeClass of engine pods (created with handler `ascend`; DNS-1123 subdomain); None: default runtime."
     )
     runtime_class_handler: DnsLabel = Field("ascend", description="CRI handler of the RuntimeClass (DNS-1123 label).")
-    shm_size_gib: int = Field(64, ge=1, description="Memory-backed /dev/shm of each engine pod (GiB).")
+    shm_size_gib: int = Field(64, ge=1, le=4096, description="Memory-backed /dev/shm of each engine pod (GiB; at most "
+                              "4096, more than a server's memory; counts against engine_memory_gib).")
+    engine_cpu: int | None = Field(
+        None, ge=1, le=1024, description="CPU request of each NPU engine pod (whole CPUs, at least 5 per NPU of the node; "
+        "no CPU limit: docs/kubernetes.md, \"Engine resources\"); null: the hardware's default (160 on atlas-800i-a2, 125 on cm384).")
+    engine_memory_gib: int | None = Field(
+        None, ge=16, le=16384, description="Memory request and limit of each NPU engine pod (GiB, /dev/shm included; "
+        "16 to 16384); null: the hardware's default (768 on atlas-800i-a2, 512 on cm384).")
     model_source: Literal["hostPath", "pvc"] = Field("hostPath", description="Weights pre-staged on every node, or a shared PVC.")
     model_host_path: AbsolutePath = Field(
         "/data/models", description="Host directory holding the weights (hostPath source; absolute, normalised, not a system directory)."
@@ -341,9 +390,12 @@ class KubernetesConfig(_Strict):
     model_pvc_name: DnsSubdomain | None = Field(
         None, description="PersistentVolumeClaim holding the weights (pvc source; DNS-1123 subdomain)."
     )
-    startup_probe_seconds: int = Field(3600, ge=60, description="Time an engine may take to load before it is restarted (s).")
-    termination_grace_seconds: int = Field(120, ge=0, description="Grace period of engine pods (s).")
-    taint_nodes: bool = Field(True, description="Taint serving nodes `ascend-deepseek/serving=<role>:NoSchedule`.")
+    startup_probe_seconds: int = Field(3600, ge=60, le=MAX_DURATION_S,
+                                       description="Time an engine may take to load before it is restarted (s; at most a day).")
+    termination_grace_seconds: int = Field(120, ge=0, le=MAX_DURATION_S, description="Grace period of engine pods (s; at most a day).")
+    taint_nodes: bool = Field(True, description="Serving nodes carry the taint `ascend-deepseek/serving=<role>:NoSchedule`, "
+                              "applied with `kubectl taint --overwrite` (the stack output node_taint_commands), never by a "
+                              "Pulumi node patch: docs/kubernetes.md, \"Serving taint\".")
     proxy_replicas: int = Field(2, ge=1, le=150000, description="PD proxy replicas (at least; the Plan may size more), "
                                 "at most 150,000, the pods of the largest cluster Kubernetes supports "
                                 "(kubernetes.io/docs/setup/best-practices/cluster-large/).")
@@ -353,12 +405,14 @@ class KubernetesConfig(_Strict):
     )
     grafana_dashboard: bool = Field(True, description="Create the Grafana dashboard ConfigMap (label grafana_dashboard=1).")
     post_deploy_checks: bool = Field(True, description="Run the smoke + throughput check Job; its failure fails `pulumi up`.")
-    checks_timeout_seconds: int = Field(1800, ge=60, description="Deadline of the post-deploy check Job (s).")
+    checks_timeout_seconds: int = Field(1800, ge=60, le=MAX_DURATION_S,
+                                        description="Deadline of the post-deploy check Job (s; at most a day).")
 
     @model_validator(mode="after")
     def _pvc_named(self) -> "KubernetesConfig":
         if self.model_source == "pvc" and not self.model_pvc_name:
-            raise ValueError("model_source 'pvc' needs model_pvc_name")
+            raise invalid("model_source 'pvc' needs model_pvc_name", "name the PersistentVolumeClaim holding the weights, "
+                          "or use model_source hostPath", at="model_pvc_name")
         return self
 
 
@@ -376,12 +430,12 @@ class PdRatioConfig(_Strict):
     initial_prefill_groups: int = Field(0, ge=0, description="Flexible groups that start in the prefill shape (the others start as decode).")
     min_prefill: int = Field(1, ge=1, description="Fewest prefill instances in service (fixed + flexible) the planner keeps.")
     min_decode: int = Field(1, ge=1, description="Fewest decode instances in service (fixed + flexible) the planner keeps.")
-    interval_s: float = Field(30.0, gt=0, description="Seconds between planner decisions.")
+    interval_s: float = Field(30.0, ge=MIN_INTERVAL_S, le=MAX_DURATION_S, description="Seconds between planner decisions (0.01 to 86400).")
     margin: float = Field(0.15, ge=0, le=1, description="Relative gain a change must clear (hysteresis band).")
     k_intervals: int = Field(3, ge=1, description="Consecutive intervals a change must be wanted before it is made.")
     max_changes_per_hour: int = Field(4, ge=0, description="Stage changes allowed in any rolling hour.")
-    drain_timeout_s: float = Field(900.0, gt=0, description="Longest wait for a draining group's in-flight requests (s); past it the change is abandoned and the group undrained, never a request dropped.")
-    ready_timeout_s: float = Field(3600.0, gt=0, description="Longest wait for a group's new shape to pass its health checks (s).")
+    drain_timeout_s: float = Field(900.0, gt=0, le=MAX_DURATION_S, description="Longest wait for a draining group's in-flight requests (s; at most a day); past it the change is abandoned and the group undrained, never a request dropped.")
+    ready_timeout_s: float = Field(3600.0, gt=0, le=MAX_DURATION_S, description="Longest wait for a group's new shape to pass its health checks (s; at most a day).")
 
 
 StageConfig.model_rebuild()

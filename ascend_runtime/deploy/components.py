@@ -164,8 +164,8 @@ class ClusterPrepArgs(ObjectsArgs):
 
 
 class ClusterPrep(_ObjectsComponent):
-    """Namespace, RuntimeClass, device plugin, secrets, node labels/taints (NodePatch) and the
-    LeaderWorkerSet prerequisite.
+    """Namespace, RuntimeClass, device plugin, secrets, node labels (NodePatch; no taints: cluster.py
+    ``node_patch``) and the LeaderWorkerSet prerequisite.
 
     ``lws == "check"``: reads the pinned CRD (``CustomResourceDefinition.get``), so ``pulumi preview``/``up``
     fails before creating anything when the cluster lacks the controller; ``"install"``: applies the pinned

@@ -6,6 +6,8 @@ single resource is registered.
 
 from __future__ import annotations
 
+import shlex
+
 import pulumi
 
 from ascend_runtime.deploy.components import (
@@ -18,7 +20,8 @@ from ascend_runtime.engine.conformance import require_conformance
 from ascend_runtime.planner import Plan, load_plan
 from ascend_runtime.render.objects import build_system, deploys_to_kubernetes
 from ascend_runtime.render.objects import text as renderers
-from ascend_runtime.render.objects.common import digest
+from ascend_runtime.render.objects.cluster import serving_taint_commands
+from ascend_runtime.render.objects.common import Context, digest
 
 
 def rank_table_digests(plan: Plan) -> dict[str, str]:
@@ -26,9 +29,21 @@ def rank_table_digests(plan: Plan) -> dict[str, str]:
     return {name: digest(table) for name, table in sorted(renderers.rank_tables(plan).items())}
 
 
+def node_taint_commands(plan: Plan) -> list[str]:
+    """The ``kubectl taint ... --overwrite`` command lines that give the serving nodes their taint.
+
+    Not a resource: Node ``spec.taints`` is an atomic list under server-side apply, so a NodePatch holding
+    it would conflict with every other manager's taint (docs/kubernetes.md, "Serving taint").
+    """
+    return [shlex.join(argv) for argv in serving_taint_commands(Context(plan))]
+
+
 def export_plan_summary(plan: Plan) -> None:
-    """Stack outputs: proxy endpoint, instances and their nodes, rank table digests, plan summary."""
+    """Stack outputs: proxy endpoint, instances and their nodes, rank table digests, plan summary, and on
+    Kubernetes targets the serving taint's commands (``node_taint_commands``)."""
     pulumi.export("proxy_endpoint", plan.proxy_url)
+    if deploys_to_kubernetes(plan):
+        pulumi.export("node_taint_commands", node_taint_commands(plan))
     pulumi.export("instances", {i.name: {"role": i.role, "nodes": list(i.nodes), "api": i.api_url} for i in plan.instances})
     pulumi.export("rank_table_digests", rank_table_digests(plan))
     pulumi.export(

@@ -158,8 +158,10 @@ def load(name_or_path: str, directory: Path | None = None) -> Playbook:
         path = found[name_or_path]
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError.single("playbook", f"cannot read {path}: {exc}") from None
+    except RecursionError:
+        raise ConfigError.single("playbook", f"cannot read {path}: nested too deeply to be a playbook") from None
     try:
         return Playbook.model_validate(data)
     except ValidationError as exc:

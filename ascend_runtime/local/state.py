@@ -60,9 +60,11 @@ class StackState:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             state = cls._from_dict(data)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             from ascend_runtime.config.errors import ConfigError  # noqa: PLC0415
 
+            if isinstance(exc, RecursionError):
+                exc = ValueError("nested too deeply")
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
             raise ConfigError.single("--state-dir", f"{path} is not a state file `ascend-deploy up` wrote ({why[:120]})",
                                      hint="if no process of that stack runs, remove the file; else name the stack's "
@@ -80,7 +82,8 @@ class StackState:
             raise ValueError("processes must be a list of objects")
         records = [ProcessRecord(**p) for p in processes]
         for record in records:
-            if type(record.pid) is not int or record.pid <= 1 or record.pid == os.getpgrp():
+            # PID_MAX_LIMIT (4194304, include/linux/threads.h) bounds every pid; a larger one overflows kill(2)
+            if type(record.pid) is not int or not 1 < record.pid <= 4194304 or record.pid == os.getpgrp():
                 raise ValueError(f"process {record.name!r} has pid {record.pid!r}, no process group `down` may signal")
         state = cls(**{**data, "processes": records})
         if not isinstance(state.stack, str) or not isinstance(state.proxy_url, str):

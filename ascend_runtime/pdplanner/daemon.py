@@ -217,7 +217,8 @@ class PDPlanner:
             elif self.groups is not None and self.mover is None:
                 self.current_k = d.prefill_groups or 0  # dry run: count as if it had happened
         else:
-            log.debug("%s: keep %dP + %dD %s", d.reason, *self.current, d.detail)
+            # a dry run exists to be watched: each decision is shown at the default level
+            (log.info if self.config.dry_run else log.debug)("%s: keep %dP + %dD %s", d.reason, *self.current, d.detail)
         self.history.append(record)
         return record
 

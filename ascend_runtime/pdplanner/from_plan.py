@@ -62,34 +62,82 @@ def plan_from_json(text: str) -> Plan:
     In a cluster the planner reads the Plan from its ConfigMap (render/objects/pdplanner.py): the image
     carries no stack files.
     """
-    import dataclasses  # noqa: PLC0415
     import json  # noqa: PLC0415
+
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise ValueError("not a Plan JSON document: nested too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"not a Plan JSON document: {exc}") from None
+    return plan_from_doc(doc)
+
+
+def plan_from_doc(doc: object) -> Plan:
+    """A Plan from the decoded ``Plan.to_json``; ValueError naming the first wrong field (``instances[0].dp``).
+
+    Every field has its declared type (a whole number is no text, ``true`` no count), and ``config`` is a
+    stack configuration as the loader validates it (key paths start with ``config.``): the planner reads
+    its stages, SLOs and ``pd_ratio`` from there."""
+    import dataclasses  # noqa: PLC0415
+    import types  # noqa: PLC0415
     import typing  # noqa: PLC0415
 
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from ascend_runtime.config.loader import problems_from_validation  # noqa: PLC0415
+    from ascend_runtime.config.stack import StackConfig  # noqa: PLC0415
     from ascend_runtime.planner import plan as plan_module  # noqa: PLC0415
 
-    def build(cls, data):  # type: ignore[no-untyped-def]
+    leaf_names = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
+
+    def build(cls, data, at):  # type: ignore[no-untyped-def]
+        if not isinstance(data, dict):
+            raise ValueError(f"{at or 'the document'}: must be a JSON object (got {type(data).__name__})")
         hints = typing.get_type_hints(cls, vars(plan_module))
         kwargs = {}
         for f in dataclasses.fields(cls):
             if f.name not in data:
                 continue
-            kwargs[f.name] = convert(hints[f.name], data[f.name])
-        return cls(**kwargs)
+            kwargs[f.name] = convert(hints[f.name], data[f.name], f"{at}.{f.name}" if at else f.name)
+        try:
+            return cls(**kwargs)
+        except TypeError:
+            missing = [f.name for f in dataclasses.fields(cls) if f.name not in data
+                       and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+            raise ValueError(f"{at or 'the document'}: missing {', '.join(missing[:5]) or 'fields'}") from None
 
-    def convert(tp, value):  # type: ignore[no-untyped-def]
+    def convert(tp, value, at):  # type: ignore[no-untyped-def]
         origin, args = typing.get_origin(tp), typing.get_args(tp)
         if dataclasses.is_dataclass(tp):
-            return build(tp, value)
+            return build(tp, value, at)
         if origin is tuple:
-            inner = args[0]
-            return tuple(convert(inner, v) for v in value)
-        if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+            if not isinstance(value, list):
+                raise ValueError(f"{at}: must be a JSON list (got {type(value).__name__})")
+            return tuple(convert(args[0], v, f"{at}[{k}]") for k, v in enumerate(value))
+        if origin in (typing.Union, types.UnionType):
             real = [a for a in args if a is not type(None)]
-            return None if value is None else convert(real[0], value)
+            return None if value is None else convert(real[0], value, at)
+        if tp in leaf_names:
+            ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
+            ok = ok or (tp is float and isinstance(value, int) and not isinstance(value, bool))
+            if not ok:
+                raise ValueError(f"{at}: must be {leaf_names[tp]} (got {json_type(value)})")
+        elif origin is dict and not isinstance(value, dict):
+            raise ValueError(f"{at}: must be a JSON object (got {json_type(value)})")
         return value
 
+    def json_type(value: object) -> str:
+        return {dict: "an object", list: "a list", str: "text", bool: "a boolean", type(None): "null"}.get(
+            type(value), "a number")
+
     try:
-        return build(Plan, json.loads(text))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"not a Plan JSON document: {exc}") from None
+        plan = build(Plan, doc, "")
+    except RecursionError:
+        raise ValueError("not a Plan JSON document: nested too deeply") from None
+    try:
+        StackConfig.model_validate(plan.config)
+    except ValidationError as exc:
+        problems = problems_from_validation(exc, StackConfig, prefix="config.")
+        raise ValueError(str(problems[0]) if problems else f"config: {exc.error_count()} invalid values") from None
+    return plan

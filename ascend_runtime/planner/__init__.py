@@ -35,6 +35,15 @@ from ascend_runtime.planner.versions import connector_dialect, target_release
 __all__ = ["Plan", "build_plan", "load_plan"]
 
 
+def _nodes_wanted(config) -> int:  # type: ignore[no-untyped-def]
+    """Whole nodes the stages and flexible groups ask for (prefill and decode never share a node)."""
+    from ascend_runtime.planner.flex import group_shape  # noqa: PLC0415
+
+    fixed = sum(config.stage(role).instances * config.stage(role).nodes_per_instance for role in ("prefill", "decode"))
+    pd = config.pd_ratio
+    return fixed + (pd.groups * group_shape(config).nodes if pd.mode == "auto" and pd.groups > 0 else 0)
+
+
 def build_plan(stack: Stack) -> Plan:
     """The Plan of a loaded stack; raises ConfigError before anything is placed when invalid."""
     config, inventory = stack.config, stack.inventory
@@ -46,7 +55,10 @@ def build_plan(stack: Stack) -> Plan:
     problems += check_engine(config, release, connector)
     problems += check_stage_shapes(config, hardware, connector)
     problems += check_pd_ratio(config)
-    problems += check_ports(config, hardware, connector, instance_count)
+    ports = check_ports(config, hardware, connector, instance_count)
+    if _nodes_wanted(config) > len(inventory.nodes):  # placement names the key that asks for the nodes: a port
+        ports = [p for p in ports if not p.path.startswith("ports.")]  # range it overflows is no cause of its own
+    problems += ports
     if problems:
         raise ConfigError(problems, stack.stack_file)
     assignments, states = place_instances(config, inventory, hardware)

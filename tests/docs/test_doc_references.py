@@ -316,8 +316,12 @@ def _kubectl_problems(line: str) -> list[str]:
     for kind, name in refs:
         if kind == "label":
             for selector in name.split(","):
-                key, _, value = selector.partition("=")
+                key, eq, value = selector.partition("=")
                 if "<" in value or key.startswith(CONTROLLER_LABEL_PREFIXES):
+                    continue
+                if not eq:  # an existence selector (`-l key`): some object carries the key
+                    if not any(key in _labels(o) for o in objects):
+                        problems.append(f"label {selector} is on no object the kit creates")
                     continue
                 if not any(_labels(o).get(key) == value for o in objects):
                     problems.append(f"label {selector} is on no object the kit creates")
@@ -338,6 +342,7 @@ def test_kubectl_lines_name_what_the_kit_creates() -> None:
 def test_a_wrong_kubectl_name_fails_the_check() -> None:
     assert _kubectl_problems("kubectl -n deepseek logs deploy/fault-watcher")
     assert _kubectl_problems("kubectl -n deepseek get pods -l app.kubernetes.io/name=proxy")
+    assert _kubectl_problems("kubectl get nodes -l ascend-deepseek/serving-rol")
     assert _kubectl_problems("kubectl -n serving get lws decode-0")
     assert not _kubectl_problems("kubectl -n deepseek rollout status deploy/prefill-0-rank0")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -91,12 +90,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _read_json(path: str, field: str) -> tuple[Any, int]:
-    try:
-        return json.loads(Path(path).read_text()), 0
-    except FileNotFoundError:
-        return None, input_error(field, f"{path} does not exist; give an existing JSON file")
-    except (OSError, ValueError) as exc:
-        return None, input_error(field, f"{path} is not readable JSON ({exc}); fix the file")
+    """The JSON document of ``path`` (:func:`~ascend_runtime.cli.stackargs.read_json`), or an exit code."""
+    from ascend_runtime.cli.stackargs import read_json  # noqa: PLC0415
+
+    doc, rc = read_json(field, path, "load or expert map")
+    return doc, rc
 
 
 def _read_history(path: str, field: str = "--history") -> tuple[np.ndarray | None, int]:
@@ -154,6 +152,10 @@ def _check_load(hist: np.ndarray, field: str, min_windows: int = 1) -> int | Non
         return input_error(field, f"must be a non-empty windows x layers x experts array{need} (got shape {hist.shape})")
     if not np.isfinite(hist).all():
         return input_error(field, "holds NaN or infinite counts; every count is a finite number of tokens")
+    if (hist > MAX_TOKENS).any():
+        w, l, e = (int(i) for i in np.argwhere(hist > MAX_TOKENS)[0])
+        return input_error(field, f"holds a count above 2^53 (first: window {w}, layer {l}, expert {e}: {hist[w, l, e]:g}); "
+                                  "counts are tokens routed in one window, far fewer")
     if (hist < 0).any():
         w, l, e = (int(i) for i in np.argwhere(hist < 0)[0])
         return input_error(field, f"holds negative counts (first: window {w}, layer {l}, expert {e}: {hist[w, l, e]:g}); "
@@ -164,6 +166,10 @@ def _check_load(hist: np.ndarray, field: str, min_windows: int = 1) -> int | Non
                                   "empty); drop the empty windows")
     return None
 
+
+#: Largest token count of one expert in one window: 2^53, where float64 stops counting whole tokens (a sum of
+#: larger ones overflows the placement's arithmetic).
+MAX_TOKENS = float(1 << 53)
 
 #: Slots placed (layers x ranks x slots) above which a plan is refused: DeepSeek-V3 on EP 320 with 64 redundant
 #: experts is 58 x 320 x 1 = 18,560; 2^22 leaves two orders of magnitude and still plans in seconds.
@@ -340,13 +346,23 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from ascend_runtime.balancer import evaluate as ev
     from ascend_runtime.balancer.png import line_chart
 
-    from ascend_runtime.cli.stackargs import check_count, check_input_file, check_number, check_output_file, first_error
+    from ascend_runtime.cli.stackargs import (
+        MAX_COUNT,
+        check_count,
+        check_duration,
+        check_input_file,
+        check_output_file,
+        first_error,
+    )
 
     intervals = sorted(set(args.interval or [1, 2, 4]))
     bad = first_error(check_input_file("--load-dir", args.load_dir, directory_ok=True),
                       input_error("--stack", "is empty; name a stack or leave the option out") if args.stack == "" else None,
-                      *(check_count("--interval", k) for k in intervals), check_count("--window-steps", args.window_steps),
-                      check_number("--window-seconds", args.window_seconds), check_count("--batch-tokens", args.batch_tokens),
+                      *(check_count("--interval", k, maximum=MAX_COUNT) for k in intervals),
+                      check_count("--window-steps", args.window_steps, maximum=MAX_COUNT),
+                      check_duration("--window-seconds", args.window_seconds),
+                      check_count("--batch-tokens", args.batch_tokens, maximum=MAX_COUNT),
+                      check_count("--ranks", args.ranks, maximum=MAX_COUNT),
                       check_output_file("--plot", args.plot))
     if bad is not None:  # before the replay: nothing is computed for options that cannot be used
         return bad
@@ -425,6 +441,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(ev.recommendation_yaml([r for r in recs if r["role"] in ("prefill", "decode")]) if args.stack
           else ev.recommendation_yaml([{**r, "role": "<stage>"} for r in recs]), end="")
     try:
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)  # check_output_file allows a directory to create
         legend = line_chart(args.plot, panels)
     except OSError as exc:
         return input_error("--plot", f"cannot write {args.plot} ({exc.strerror or type(exc).__name__}); "
@@ -516,10 +533,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_dns_label,
         check_env_name,
         check_http_url,
+        check_interval,
         check_log_level,
         check_number,
         check_output_file,
         check_port,
+        check_text,
         first_error,
         log_level,
         path_problem,
@@ -531,6 +550,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return input_error(flag, parsed)
     if not http and not dirs:
         return input_error("--instance/--dump-dir", "give at least one instance to collect load from")
+    names = [name for name, _ in [*http, *dirs]]
+    bad = first_error(*(check_text("--instance/--dump-dir", name, "an instance name") for name in names))
+    if bad is not None:  # names reach metrics labels and log lines
+        return bad
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        return input_error("--instance/--dump-dir", f"instance {twice[0]!r} is given twice; give each instance once")
     bad = first_error(
         check_log_level("--log-level", args.log_level),
         check_count("--experts", args.experts, maximum=MAX_COUNT),
@@ -540,10 +566,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_dns_label("--namespace", args.namespace),
         _check_configmap(args.configmap),
         _check_pod_selector(args.pod_selector),
-        check_number("--interval", args.interval),
+        check_interval("--interval", args.interval),
         check_number("--decay", args.decay, 0.0, maximum=1.0),
         check_number("--min-gain", args.min_gain, 0.0, strict=False),
-        check_count("--max-cycles", args.max_cycles),
+        check_count("--max-cycles", args.max_cycles, maximum=MAX_COUNT),
         check_port("--metrics-port", args.metrics_port),
         check_bind_host("--metrics-host", args.metrics_host) if args.metrics_port is not None else None,
         check_output_file("--publish-file", args.publish_file),

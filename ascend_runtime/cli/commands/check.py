@@ -69,10 +69,10 @@ def _smoke(args: argparse.Namespace) -> int:
     from ascend_runtime.checks.http import EndpointError
     from ascend_runtime.checks.smoke import run_smoke
 
-    from ascend_runtime.cli.stackargs import check_number, check_output_file, first_error, input_error  # noqa: PLC0415
+    from ascend_runtime.cli.stackargs import check_duration, check_output_file, first_error, input_error  # noqa: PLC0415
 
     bad = first_error(
-        check_number("--timeout-s", args.timeout_s),
+        check_duration("--timeout-s", args.timeout_s),
         check_output_file("--json", args.json_out) if args.json_out != "-" else None,
         input_error("--rendered", "needs --stack: the rendered files are compared with that stack's Plan")
         if args.rendered is not None and not args.stack else None,
@@ -133,10 +133,22 @@ def _throughput(args: argparse.Namespace) -> int:
     slo = SLO(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2el_ms)
     if args.min_goodput is not None and not slo.any:
         return _bad("--min-goodput needs at least one of --slo-ttft-ms, --slo-tpot-ms, --slo-e2el-ms")
-    from ascend_runtime.cli.stackargs import check_count, check_number, check_output_file, first_error  # noqa: PLC0415
+    from ascend_runtime.cli.stackargs import (  # noqa: PLC0415
+        check_count,
+        check_duration,
+        check_number,
+        check_output_file,
+        first_error,
+    )
+    from ascend_runtime.config.errors import MAX_DURATION_S, MAX_REQUEST_RATE  # noqa: PLC0415
 
     bad = first_error(check_count("--max-failed", args.max_failed, 0),
-                      check_number("--min-goodput", args.min_goodput, 0.0, strict=False),
+                      check_number("--min-goodput", args.min_goodput, 0.0, strict=False, maximum=MAX_REQUEST_RATE),
+                      check_number("--request-rate", args.request_rate, maximum=MAX_REQUEST_RATE),
+                      check_duration("--timeout-s", args.timeout_s),
+                      *(check_duration(flag, value, maximum=MAX_DURATION_S * 1000, unit="milliseconds") for flag, value in
+                        (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms),
+                         ("--slo-e2el-ms", args.slo_e2el_ms))),
                       check_output_file("--result-json", args.result_json))
     if bad is not None:  # before any request
         return bad

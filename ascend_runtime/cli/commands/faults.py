@@ -69,16 +69,19 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from ascend_runtime.faults.watcher import WatcherConfig
 
     from ascend_runtime.cli.stackargs import (
+        MAX_COUNT,
         check_bind_host,
         check_count,
         check_dns_label,
+        check_duration,
         check_env_name,
         check_http_url,
         check_input_file,
+        check_interval,
         check_log_level,
-        check_number,
         check_port,
         check_proxy_service,
+        check_text,
         first_error,
         log_level,
     )
@@ -96,11 +99,12 @@ def cmd_watch(args: argparse.Namespace) -> int:
         check_dns_label("--noded-namespace", args.noded_namespace),
         check_bind_host("--metrics-host", args.metrics_host) if args.metrics_port is not None else None,
         check_proxy_service("--proxy-service", args.proxy_service),
-        *(check_number("--" + name.replace("_", "-"), getattr(args, name))
-          for name in ("interval", "node_interval", "check_timeout", "api_timeout")),
-        *(check_number("--" + name, getattr(args, name), 0.0, strict=False) for name in ("settle", "recheck")),
+        check_text("--kube-context", args.kube_context, "a kubeconfig context name"),
+        *(check_interval("--" + name.replace("_", "-"), getattr(args, name)) for name in ("interval", "node_interval")),
+        *(check_duration("--" + name.replace("_", "-"), getattr(args, name)) for name in ("check_timeout", "api_timeout")),
+        *(check_duration("--" + name, getattr(args, name), 0.0, strict=False) for name in ("settle", "recheck")),
         check_port("--metrics-port", args.metrics_port),
-        check_count("--max-cycles", args.max_cycles),
+        check_count("--max-cycles", args.max_cycles, maximum=MAX_COUNT),
     )
     if bad is not None:
         return bad
@@ -124,10 +128,18 @@ def cmd_watch(args: argparse.Namespace) -> int:
         elif not args.proxy:
             args.proxy = [plan.proxy_url]
     else:
+        from ascend_runtime.cli.stackargs import read_json  # noqa: PLC0415
+
+        doc, rc = read_json("--topology", str(args.topology), "topology")
+        if rc:
+            return rc
         try:
-            topology = Topology.from_file(args.topology)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            topology = Topology.from_dict(doc)  # type: ignore[arg-type]
+        except (ValueError, KeyError, TypeError) as exc:
             return input_error("--topology", f"{args.topology}: {exc}")
+        bad = _topology_names(doc, str(args.topology))  # type: ignore[arg-type]
+        if bad is not None:
+            return bad
     service = None
     spec = args.proxy_service or (service_default if not args.proxy else None)
     if spec:
@@ -166,6 +178,26 @@ def cmd_watch(args: argparse.Namespace) -> int:
         print(f"ascend-deploy faults watch: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _topology_names(doc: dict, source: str) -> int | None:  # type: ignore[type-arg]
+    """Node names of a topology file are Kubernetes node names (they reach API paths: the fault ConfigMaps
+    ``mindx-dl-deviceinfo-<node>``), instance names text without spaces; neither is given twice."""
+    from ascend_runtime.config.errors import is_dns_subdomain  # noqa: PLC0415
+
+    for key, ok, what in (("nodes", lambda n: is_dns_subdomain(n, 63), ("a Kubernetes node name (DNS-1123 subdomain, "
+                                                                         "at most 63 characters)")),
+                          ("instances", lambda n: 0 < len(n) <= 256 and not any(c.isspace() or ord(c) < 0x20 for c in n),
+                           "an instance name (no spaces or control characters)")):
+        seen: set[str] = set()
+        for k, item in enumerate(doc[key]):
+            name = item["name"]
+            if not ok(name):
+                return input_error(f"--topology {key}[{k}].name", f"{name[:60]!r} is not {what}; {source}")
+            if name in seen:
+                return input_error(f"--topology {key}[{k}].name", f"{name[:60]!r} is given twice; {source}")
+            seen.add(name)
+    return None
 
 
 async def _run(args: argparse.Namespace, topology, cfg, token: str, auth, service) -> None:

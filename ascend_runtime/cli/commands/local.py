@@ -75,8 +75,14 @@ def resolve_stack(args: argparse.Namespace, not_running_code: int) -> tuple[str,
     from ascend_runtime.local.runner import running_stacks  # noqa: PLC0415
     from ascend_runtime.local.state import StackState, default_state_root  # noqa: PLC0415
 
+    if args.stack == "":
+        _say("error: --stack: is empty; name a stack, or leave --stack out for the one that is running", err=True)
+        return 2
     if args.state_dir:
         state_dir = Path(args.state_dir)
+        if state_dir.exists() and not state_dir.is_dir():
+            _say(f"error: --state-dir: {state_dir} is not a directory; name the stack's state directory", err=True)
+            return 2
         state = StackState.load(state_dir)
         return (args.stack or (state.stack if state else state_dir.name)), state_dir
     root = default_state_root()
@@ -131,12 +137,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     from ascend_runtime.cli.stackargs import (  # noqa: PLC0415
         MAX_COUNT,
         check_count,
-        check_number,
+        check_duration,
         check_output_dir,
         first_error,
     )
 
-    bad = first_error(check_number("--ready-timeout-s", args.ready_timeout_s),
+    bad = first_error(check_duration("--ready-timeout-s", args.ready_timeout_s),
                       check_count("--num-prompts", args.num_prompts, maximum=MAX_COUNT),
                       check_output_dir("--state-dir", args.state_dir))
     if bad is not None:  # before anything starts

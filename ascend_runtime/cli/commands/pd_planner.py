@@ -8,21 +8,26 @@ import logging
 import sys
 
 from ascend_runtime.cli.stackargs import (
+    MAX_COUNT,
     add_stack_options,
     check_bind_host,
     check_count,
     check_env_name,
     check_http_url,
+    check_input_dir,
     check_input_file,
+    check_interval,
     check_log_level,
     check_number,
     check_output_file,
     check_port,
     check_proxy_service,
     first_error,
+    input_error,
     log_level,
     path_arg,
     plan_or_exit,
+    read_json,
 )
 
 
@@ -32,8 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_stack_options(p, required=False)
     p.add_argument("--plan-file", type=path_arg, help="the Plan as JSON (plan.json of `render`), instead of --stack (in a cluster)")
     p.add_argument("--proxy-metrics", metavar="URL", help="proxy metrics URL (default: the Plan's proxy URL + /metrics)")
-    p.add_argument("--interval", type=float, default=30.0, help="seconds between decisions (default 30)")
-    p.add_argument("--dry-run", action="store_true", help="only log and export metrics; never publish a target")
+    p.add_argument("--interval", type=float, default=30.0, help="seconds between decisions (0.01 to 86400, default 30)")
+    p.add_argument("--dry-run", action="store_true", help="print what it decides each cycle and export metrics; never "
+                   "publish a target or move a group")
     p.add_argument("--target-file", type=path_arg, help="where a change is written as JSON (required without --dry-run)")
     p.add_argument("--prompt-tokens", type=float,
                    help="mean prompt tokens (the proxy exports none; default: throughput_check.input_len)")
@@ -42,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--max-changes-per-hour", type=int, default=4)
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--metrics-port", type=int, help="serve the planner's Prometheus /metrics here")
-    p.add_argument("--max-cycles", type=int, help="stop after this many cycles")
+    p.add_argument("--max-cycles", type=int, help="stop after this many cycles (at most 2^20)")
     p.add_argument("--state-dir", type=path_arg, help="local target: the running stack's state directory "
                    "(default $ASCEND_DEPLOY_STATE_DIR/<stack>)")
     p.add_argument("--proxy-admin", metavar="NS/NAME:PORT",
@@ -56,13 +62,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _check_args(args: argparse.Namespace) -> int | None:
     """Every option's value, before the Plan is read or anything starts (exit 2 naming the flag)."""
     return first_error(
+        input_error("--stack / --plan-file", "give exactly one") if bool(args.stack) == bool(args.plan_file) else None,
         check_log_level("--log-level", args.log_level),
-        check_number("--interval", args.interval),
+        check_interval("--interval", args.interval),
         check_number("--margin", args.margin, 0.0, strict=False, maximum=1.0),
-        check_count("--k", args.k),
-        check_count("--max-changes-per-hour", args.max_changes_per_hour, 0),
-        check_count("--max-cycles", args.max_cycles),
-        check_number("--prompt-tokens", args.prompt_tokens),
+        check_count("--k", args.k, maximum=MAX_COUNT),
+        check_count("--max-changes-per-hour", args.max_changes_per_hour, 0, maximum=3600),
+        check_count("--max-cycles", args.max_cycles, maximum=MAX_COUNT),
+        check_number("--prompt-tokens", args.prompt_tokens, maximum=MAX_COUNT),
+        check_input_dir("--state-dir", args.state_dir),
         check_http_url("--proxy-metrics", args.proxy_metrics),
         check_port("--metrics-port", args.metrics_port),
         check_bind_host("--metrics-host", args.metrics_host) if args.metrics_port is not None else None,
@@ -86,21 +94,16 @@ def handler(args: argparse.Namespace) -> int:
     bad = _check_args(args)
     if bad is not None:
         return bad
-    logging.basicConfig(level=log_level(args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if bool(args.stack) == bool(args.plan_file):
-        print("error: --stack / --plan-file: give exactly one", file=sys.stderr)
-        return 2
     if args.plan_file:
-        from pathlib import Path  # noqa: PLC0415
+        from ascend_runtime.pdplanner.from_plan import plan_from_doc  # noqa: PLC0415
 
-        from ascend_runtime.pdplanner.from_plan import plan_from_json  # noqa: PLC0415
-
+        doc, rc = read_json("--plan-file", args.plan_file, "plan.json")
+        if rc:
+            return rc
         try:
-            plan = plan_from_json(Path(args.plan_file).read_text())
-        except (OSError, ValueError) as exc:
-            print(f"error: --plan-file {args.plan_file}: {exc}; give the plan.json `ascend-deploy render` writes",
-                  file=sys.stderr)
-            return 2
+            plan = plan_from_doc(doc)
+        except ValueError as exc:
+            return input_error(f"--plan-file {args.plan_file}", f"{exc}; give the plan.json `ascend-deploy render` writes")
     else:
         plan = plan_or_exit(args)
         if plan is None:
@@ -108,8 +111,8 @@ def handler(args: argparse.Namespace) -> int:
     try:
         pool = pool_from_plan(plan)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return input_error(f"--plan-file {args.plan_file}" if args.plan_file else "--stack", str(exc))
+    logging.basicConfig(level=log_level(args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check = plan.config.get("throughput_check", {})
     cfg = DaemonConfig(
         metrics_url=args.proxy_metrics or plan.proxy_url + "/metrics", interval_s=args.interval, dry_run=args.dry_run,
@@ -124,11 +127,31 @@ def handler(args: argparse.Namespace) -> int:
         return 2
     planner = PlannerConfig(margin=args.margin, k_intervals=args.k, max_changes_per_hour=args.max_changes_per_hour)
     daemon = PDPlanner(cfg, pool, slo_from_plan(plan), planner, counts_from_plan(plan))
+    prefill, decode = counts_from_plan(plan)
+    _announce(args, plan, cfg.metrics_url, cfg.interval_s, f"{prefill} prefill + {decode} decode instances",
+              f"writes a change to {args.target_file}")
     try:
         asyncio.run(daemon.run(max_cycles=args.max_cycles))
     except KeyboardInterrupt:
         pass
+    _finished(args, daemon)
     return 0
+
+
+def _announce(args: argparse.Namespace, plan, metrics_url: str, interval_s: float, split: str,  # type: ignore[no-untyped-def]
+              acting: str) -> None:
+    """One line on stdout saying what the planner reads, how often, and what it does with a decision."""
+    stack = f"stack {plan.stack}" + (f" (from {args.plan_file})" if args.plan_file else "")
+    does = "dry run: prints every decision, publishes nothing and moves nothing" if args.dry_run else acting
+    cycles = f"; stops after {args.max_cycles} cycle(s)" if args.max_cycles else ""
+    print(f"pd-planner: {stack}, {split}; reads {metrics_url} every {interval_s:g} s; {does}{cycles}", flush=True)
+
+
+def _finished(args: argparse.Namespace, daemon) -> None:  # type: ignore[no-untyped-def]
+    """The closing line: cycles run and changes decided (a dry run says nothing was applied)."""
+    changes = sum(1 for r in daemon.history if r["decision"].change)
+    tail = " (dry run: none published or applied)" if args.dry_run else ""
+    print(f"pd-planner: stopped after {len(daemon.history)} decision(s), {changes} change(s){tail}", flush=True)
 
 
 def _run_pool(args: argparse.Namespace, plan, cfg, pool) -> int:  # type: ignore[no-untyped-def]
@@ -175,7 +198,14 @@ def _run_pool(args: argparse.Namespace, plan, cfg, pool) -> int:  # type: ignore
                 sum(1 for r in layout.values() if r == "prefill")), groups=groups, mover=mover, engine_urls=engine_urls)
             if mover is None:
                 daemon.current_k = sum(1 for r in layout.values() if r == "prefill")
-            await daemon.run(max_cycles=args.max_cycles)
+            in_prefill = sum(1 for r in layout.values() if r == "prefill")
+            _announce(args, plan, cfg.metrics_url, cfg.interval_s,
+                      f"{len(plan.flex_groups)} flexible group(s), {in_prefill} serving prefill",
+                      "moves flexible groups between prefill and decode (drained first)")
+            try:
+                await daemon.run(max_cycles=args.max_cycles)
+            finally:
+                _finished(args, daemon)
         return 0
 
     try:

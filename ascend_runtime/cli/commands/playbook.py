@@ -20,10 +20,10 @@ import argparse
 import json
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -40,7 +40,7 @@ from ascend_runtime.hosts.facts import (
     write_if_changed,
 )
 from ascend_runtime.hosts.ssh import ConnectOptions, Endpoint
-from ascend_runtime.hosts.stackref import load_inventory, read_stack
+from ascend_runtime.hosts.stackref import read_stack
 
 _STYLE = {"ok": "green", "changed": "yellow", "would_change": "cyan", "skip": "dim", "fail": "bold red"}
 
@@ -97,22 +97,44 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _parse_vars(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """``--vars FILE`` (``{all: {...}, hosts: {NODE: {...}}}``) and ``--var KEY=VALUE``; ConfigError naming the
+    key path (``--vars.hosts.a2-node-01``) for a file that is not that shape."""
+    from ascend_runtime.config.loader import parse_yaml, read_text  # noqa: PLC0415
+
     vars_all: dict[str, Any] = {}
     vars_hosts: dict[str, dict[str, Any]] = {}
     if args.vars:
-        try:
-            data = yaml.safe_load(args.vars.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError.single("--vars", f"cannot read: {exc}", str(args.vars)) from None
+        source = str(args.vars)
+        data = parse_yaml(read_text(args.vars, "--vars"), "--vars", source,
+                          lambda path: "--vars" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path))
         if not isinstance(data, dict) or set(data) - {"all", "hosts"}:
-            raise ConfigError.single("--vars", "must be a mapping with keys all and hosts", str(args.vars))
+            extra = sorted(str(k) for k in data) if isinstance(data, dict) else []
+            raise ConfigError.single("--vars", "must be a mapping with the keys all and hosts"
+                                     + (f" (got {', '.join(extra)[:60]})" if extra else f" (got {type(data).__name__})"),
+                                     hint="e.g. {all: {model_dir: /data/models/R1}, hosts: {a2-node-01: {...}}}",
+                                     source=source)
+        for key in ("all", "hosts"):
+            if not isinstance(data.get(key) or {}, dict):
+                raise ConfigError.single(f"--vars.{key}", f"must be a mapping, got {type(data[key]).__name__}",
+                                         hint="write key: value lines", source=source)
+        bad = [name for name, value in (data.get("hosts") or {}).items() if not isinstance(value or {}, dict)]
+        if bad:
+            raise ConfigError.single(f"--vars.hosts.{bad[0]}", "must be a mapping of that node's variables",
+                                     hint="write key: value lines under the node's name", source=source)
         vars_all.update(data.get("all") or {})
-        vars_hosts.update(data.get("hosts") or {})
+        vars_hosts.update({str(name): dict(value or {}) for name, value in (data.get("hosts") or {}).items()})
     for item in args.var:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError.single("--var", "expected KEY=VALUE", item)
-        vars_all[key] = yaml.safe_load(value) if value else ""
+        try:  # the value is one YAML scalar, list or mapping
+            vars_all[key] = parse_yaml(value, f"--var {key}") if value.strip() else ""
+        except ConfigError as exc:
+            if "empty" in exc.problems[0].message:  # only a comment: no value
+                vars_all[key] = ""
+                continue
+            raise ConfigError([replace(p, hint="quote it if it is text, e.g. --var \"KEY='a: [b'\"")
+                               for p in exc.problems]) from None
     return vars_all, vars_hosts
 
 
@@ -163,7 +185,30 @@ def _check_run_options(args: argparse.Namespace) -> int | None:
         check_output_file("--json", str(args.json) if args.json is not None else None),
         check_input_file("--vars", str(args.vars) if args.vars is not None else None),
         check_input_file("--inventory", str(args.inventory) if args.inventory is not None else None),
+        check_input_file("--known-hosts", args.known_hosts)
+        if args.known_hosts is not None and Path(args.known_hosts).exists() else None,  # --accept-new-host-keys creates it
     )
+
+
+def _read_inventory(path: Path, explicit: bool) -> Any:
+    """The inventory a run uses: the file checks of the loader and at least one node.
+
+    With ``--inventory FILE`` (``explicit``) every problem names the option and the key inside the file
+    (``--inventory.nodes[0].host_ip``) under the file's name. Facts that contradict the stack's hardware
+    (``vnic_ip`` on Atlas A2) are left to the runner, which refuses those hosts and runs the others."""
+    from ascend_runtime.config.loader import read_inventory  # noqa: PLC0415
+
+    try:
+        inventory = read_inventory(path)
+        if not inventory.nodes:
+            raise ConfigError.single("inventory.nodes", "the inventory has no nodes", hint="list the stack's hosts",
+                                     source=str(path))
+    except ConfigError as exc:
+        if not explicit:
+            raise
+        raise ConfigError([replace(p, path="--inventory" + p.path.removeprefix("inventory")) for p in exc.problems],
+                          exc.source or str(path)) from None
+    return inventory
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -179,9 +224,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError.single("config.ascend-deepseek:hardware", f"playbook {book.name} does not apply",
                                      stack.hardware, hint=f"it applies to {', '.join(book.hardware)}")
         inventory_path = args.inventory or stack.inventory_path
-        inventory = load_inventory(inventory_path)
-        if not inventory.nodes:
-            raise ConfigError.single("nodes", "the inventory has no nodes", source=str(inventory_path))
+        inventory = _read_inventory(inventory_path, explicit=args.inventory is not None)
         limit = [h for item in args.limit for h in item.split(",") if h]
         known = {n.name for n in inventory.nodes} | {str(n.host_ip) for n in inventory.nodes} | {
             n.ssh_host for n in inventory.nodes if n.ssh_host}
@@ -198,10 +241,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         ssh = inventory.ssh
         jump = Endpoint.parse(ssh.jump_host, ssh.user) if ssh.jump_host else None
     except ConfigError as exc:
-        console.print(f"[red]{escape(str(exc))}[/red]")
+        console.print(f"[red]{escape(str(exc))}[/red]", soft_wrap=True)
         return 2
     except ValueError as exc:
-        console.print(f"[red]invalid input: {escape(str(exc))}[/red]")
+        console.print(f"[red]invalid input: {escape(str(exc))}[/red]", soft_wrap=True)
         return 2
 
     opts = ConnectOptions(

@@ -9,7 +9,6 @@ Exit codes: 0 every instance done, 1 a step failed (or interrupted), 2 invalid i
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
@@ -85,14 +84,26 @@ def _say(text: str) -> None:
 
 
 def _check_bounds(args: argparse.Namespace) -> int | None:
-    from ascend_runtime.cli.stackargs import check_env_name, check_http_url, first_error  # noqa: PLC0415
+    from ascend_runtime.cli.stackargs import (  # noqa: PLC0415
+        check_duration,
+        check_env_name,
+        check_http_url,
+        check_interval,
+        check_text,
+        first_error,
+    )
     from ascend_runtime.faults.proxies import ProxyService  # noqa: PLC0415
     from ascend_runtime.config.errors import is_image_ref  # noqa: PLC0415
 
-    for name in ("drain_timeout_s", "ready_timeout_s", "check_timeout_s", "routable_timeout_s", "poll_s"):
-        value = getattr(args, name)
-        if value is not None and not (value > 0 and math.isfinite(value)):
-            return input_error("--" + name.replace("_", "-"), f"must be > 0 and finite (got {value:g})")
+    bad = first_error(*(check_duration("--" + name.replace("_", "-"), getattr(args, name))
+                        for name in ("drain_timeout_s", "ready_timeout_s", "check_timeout_s", "routable_timeout_s")),
+                      check_interval("--poll-s", args.poll_s),
+                      check_text("--kube-context", args.kube_context, "a kubeconfig context name"),
+                      input_error("--state-dir", f"{args.state_dir} is not a directory; name the running stack's "
+                                  "state directory") if args.state_dir and Path(args.state_dir).exists()
+                      and not Path(args.state_dir).is_dir() else None)
+    if bad is not None:
+        return bad
     if args.engine_image is not None and not is_image_ref(args.engine_image):
         return input_error("--engine-image", f"not a container image reference: {args.engine_image!r} "
                            "([registry/]repository[:tag][@digest], repository in lowercase, e.g. "

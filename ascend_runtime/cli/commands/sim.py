@@ -133,12 +133,14 @@ def check_options(args: argparse.Namespace) -> int | None:
         MAX_COUNT,
         check_bind_host,
         check_count,
+        check_duration,
         check_env_name,
         check_input_file,
         check_number,
         check_port,
         check_text,
         first_error,
+        input_error,
     )
 
     return first_error(
@@ -148,15 +150,39 @@ def check_options(args: argparse.Namespace) -> int | None:
         check_bind_host("--kv-host", args.kv_host) if args.kv_host is not None else None,
         check_bind_host("--bind-host", args.bind_host) if args.bind_host is not None else None,
         check_port("--port", args.port), check_port("--kv-port", args.kv_port),
+        input_error("--kv-port", f"{args.kv_port} is also --port: the API and the KV transfer listen on ports of "
+                    "their own; give another") if args.port is not None and args.port == args.kv_port else None,
         *(check_count(f"--{flag.replace('_', '-')}", getattr(args, flag), maximum=MAX_COUNT)
           for flag in ("npus", "dp", "tp", "ep", "nodes", "max_num_seqs", "max_num_batched_tokens", "block_size")),
         check_count("--redundant-experts", args.redundant_experts, 0, maximum=MAX_COUNT),
-        check_number("--speedup", args.speedup), check_number("--startup-delay", args.startup_delay, strict=False),
-        check_number("--link-gbps", args.link_gbps), check_number("--kv-timeout-s", args.kv_timeout_s),
+        check_number("--speedup", args.speedup, 0.001, strict=False),
+        check_duration("--startup-delay", args.startup_delay, strict=False),
+        check_number("--link-gbps", args.link_gbps), check_duration("--kv-timeout-s", args.kv_timeout_s),
         check_number("--kv-wire-scale", args.kv_wire_scale, maximum=1.0),
         check_input_file("--expert-map", args.expert_map),
         check_env_name("--admin-token-env", args.admin_token_env),
     )
+
+
+def _check_expert_map(cfg: SimConfig) -> int | None:
+    """``--expert-map`` (or the Plan's map): readable JSON (:func:`~ascend_runtime.cli.stackargs.read_json`)
+    that is an expert map of the instance's shape; exit code 2 naming the flag, else None."""
+    if not cfg.expert_map:
+        return None
+    from ascend_runtime.cli.stackargs import input_error, read_json  # noqa: PLC0415
+    from ascend_runtime.sim.experts import ExpertMap  # noqa: PLC0415
+
+    doc, rc = read_json("--expert-map", cfg.expert_map, "vLLM-Ascend expert map")
+    if rc:
+        return rc
+    resolved = cfg.resolved()
+    shape = resolved.model_shape()
+    try:
+        ExpertMap.from_vllm_json(doc, shape.num_moe_layers, shape.num_routed_experts, int(resolved.ep or 1),
+                                 resolved.slots_per_rank)
+    except (ValueError, TypeError, KeyError) as exc:
+        return input_error("--expert-map", f"{cfg.expert_map}: {str(exc)[:300]}; give a map of this instance's shape")
+    return None
 
 
 #: SimConfig fields whose flag is not ``--<field>``.
@@ -177,6 +203,9 @@ def handler(args: argparse.Namespace) -> int:
         from ascend_runtime.sim.capacity import kv_capacity_tokens
 
         kv_capacity_tokens(cfg.resolved())
+        bad = _check_expert_map(cfg)
+        if bad is not None:  # read and checked now: the server would refuse it only once started
+            return bad
     except ValidationError as exc:
         print(f"ascend-deploy sim: invalid options: {option_errors(exc)}", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ from ascend_runtime.render.objects.monitoring import monitoring_objects
 from ascend_runtime.render.objects.network import network_policies
 from ascend_runtime.render.objects.pdplanner import pdplanner_objects
 from ascend_runtime.render.objects.proxy import proxy_objects
+from ascend_runtime.render.objects.resources import require_engine_resources
 
 __all__ = ["Context", "K8sObject", "SystemObjects", "build_system", "deploys_to_kubernetes"]
 
@@ -62,7 +63,12 @@ class SystemObjects:
 
 
 def build_system(plan: Plan, secrets: Iterable[str] = ()) -> SystemObjects:
-    """All objects of a Plan. ``secrets``: the secret config keys the stack has set."""
+    """All objects of a Plan. ``secrets``: the secret config keys the stack has set.
+
+    Raises ConfigError when the engine pods' memory cannot hold ``/dev/shm`` and the engine, or their CPU
+    request is below what vLLM-Ascend binds (:func:`.resources.resource_problems`).
+    """
+    require_engine_resources(plan)
     ctx = Context(plan, frozenset(secrets))
     balancer = balancer_objects(ctx)
     job = checks_job(ctx)

@@ -1,4 +1,4 @@
-"""Cluster preparation: namespace, node labels/taints, device plugin, RuntimeClass, secrets."""
+"""Cluster preparation: namespace, node labels, the serving taint's commands, device plugin, RuntimeClass, secrets."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from ascend_runtime.render.objects.common import (
     LABEL_SERVING_ROLE,
     MODEL_SOURCE_SECRET,
     MODEL_SOURCE_SECRET_NAME,
+    TAINT_EFFECT,
     TAINT_KEY,
     Context,
     K8sObject,
@@ -54,19 +55,38 @@ def node_labels(ctx: Context, node: NodePlan) -> dict[str, str]:
 
 
 def node_patch(ctx: Context, node: NodePlan) -> K8sObject:
-    """Labels and (optionally) the serving taint of one node, applied as a server-side patch.
+    """The labels of one node, applied as a server-side patch (Pulumi ``NodePatch``); nothing else.
 
-    Taints keep other workloads off NPU nodes; engine pods tolerate them.
+    ``metadata.labels`` is a map under server-side apply: the patch owns only its own keys and never
+    conflicts with another manager's labels. Taints are no part of it: Node ``spec.taints`` is an
+    atomic list (``x-kubernetes-list-type: atomic``), so one manager owns the whole list and the
+    taints the node lifecycle controller adds (``node.kubernetes.io/unschedulable`` on cordon,
+    ``not-ready``/``unreachable``) or an operator's own would make the next ``pulumi up`` conflict, or,
+    forced, wipe them. The serving taint is applied by :func:`serving_taint_commands` instead.
     Nodes the Plan does not use get the hardware labels only.
     """
-    obj: K8sObject = {
+    return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": node.name, "labels": node_labels(ctx, node)},
     }
-    if ctx.k8s["taint_nodes"] and node.role:
-        obj["spec"] = {"taints": [{"key": TAINT_KEY, "value": node.role, "effect": "NoSchedule"}]}
-    return obj
+
+
+def serving_taint_commands(ctx: Context) -> list[list[str]]:
+    """``kubectl taint`` argv lists that give every serving node its taint ``<TAINT_KEY>=<role>:NoSchedule``.
+
+    One command per role the Plan serves, selecting the nodes by the ``LABEL_SERVING_ROLE`` label the node
+    patches set, so it needs no node list and follows the Plan. ``--overwrite`` makes it idempotent and
+    updates a node whose role changed; ``kubectl taint`` reads the node and writes its taint list back
+    with only the kit's taint added or changed, so other managers' taints stay (kubectl
+    ``pkg/cmd/taint/taint.go``: ``-l/--selector``, ``--overwrite``, ``reorganizeTaints``). Empty with
+    ``taint_nodes: false`` (the kind stack: the proxy must fit on its nodes).
+    """
+    if not ctx.k8s["taint_nodes"]:
+        return []
+    roles = sorted({n.role for n in ctx.plan.nodes if n.role})
+    return [["kubectl", "taint", "nodes", "-l", f"{LABEL_SERVING_ROLE}={role}",
+             f"{TAINT_KEY}={role}:{TAINT_EFFECT}", "--overwrite"] for role in roles]
 
 
 def runtime_class(ctx: Context) -> K8sObject | None:

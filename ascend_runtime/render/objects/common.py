@@ -27,7 +27,16 @@ LABEL_ROLE = "ascend-deepseek/role"
 LABEL_RANK = "ascend-deepseek/rank"
 LABEL_LEADER = "ascend-deepseek/leader"
 LABEL_SERVING_ROLE = "ascend-deepseek/serving-role"
+#: Key of the serving taint (``<key>=<role>:NoSchedule``) that keeps other pods off the serving nodes. Applied
+#: with ``kubectl taint --overwrite`` (cluster.py ``serving_taint_commands``), never by the node patches:
+#: Node ``spec.taints`` is an atomic list under server-side apply (docs/kubernetes.md, "Serving taint").
 TAINT_KEY = "ascend-deepseek/serving"
+TAINT_EFFECT = "NoSchedule"
+
+
+def serving_toleration() -> dict[str, str]:
+    """Toleration of the serving taint whatever its value (every engine pod and the device plugin)."""
+    return {"key": TAINT_KEY, "operator": "Exists", "effect": TAINT_EFFECT}
 
 #: Secret keys of the Pulumi config (``pulumi config set --secret``); see :func:`secret_placeholder`.
 IMAGE_PULL_SECRET = "image_pull_credentials"

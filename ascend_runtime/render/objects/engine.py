@@ -43,13 +43,13 @@ from ascend_runtime.render.objects.common import (
     MODEL_SOURCE_SECRET,
     MODEL_SOURCE_SECRET_NAME,
     SIM_ADMIN_TOKEN_ENV,
-    TAINT_KEY,
     Context,
     K8sObject,
     configmap_key,
     digest,
     metadata,
     pod_security,
+    serving_toleration,
     simulator_admin_token,
     simulator_admin_token_env,
     tmp_volume,
@@ -60,6 +60,7 @@ from ascend_runtime.render.objects.lws import (
     deploys_as_lws,
     leader_worker_set,
 )
+from ascend_runtime.render.objects.resources import engine_resources
 from ascend_runtime.sim.flags import argv_from_config
 from ascend_runtime.sim.from_plan import sim_config_from_plan
 
@@ -281,8 +282,8 @@ def _container(ctx: Context, inst: InstancePlan, rank: RankPlan, worker_template
     else:
         image = ctx.plan.engine_image
         command = ["/bin/bash", f"{renderers.LAUNCH_DIR}/{script}"]
-        npus = str(len(rank.devices))
-        resources = {"requests": {ctx.k8s["npu_resource"]: npus}, "limits": {ctx.k8s["npu_resource"]: npus}}
+        # CPU and memory sized from the stack or the hardware (resources.py): memory request = limit, no CPU limit
+        resources = engine_resources(ctx.plan).container_resources(ctx.k8s["npu_resource"], len(rank.devices))
     volumes_mounts = _volumes(ctx, inst, rank, node_conf=not worker_template)[1]
     if ctx.simulated:  # read-only root filesystem: a writable /tmp
         volumes_mounts = [*volumes_mounts, tmp_volume()[1]]
@@ -310,10 +311,10 @@ def _startup_timeout(ctx: Context) -> int:
 def _pod_spec(ctx: Context, inst: InstancePlan, rank: RankPlan, worker_template: bool = False) -> dict[str, Any]:
     """Pod spec of ``rank`` (``worker_template``: of every LeaderWorkerSet worker); no placement yet."""
     pod_spec: dict[str, Any] = {
-        # a flexible group's nodes keep the taint of the role they started in: both shapes tolerate either
-        "tolerations": ([{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
-                        if ctx.plan.flex_group_of(inst.name) else
-                        [{"key": TAINT_KEY, "operator": "Equal", "value": rank.role, "effect": "NoSchedule"}]),
+        # the serving taint whatever its value: placement is the nodeSelector/affinity on the Plan's nodes, the
+        # taint only keeps other pods off them, and its value (the role) is set by hand and may lag a role change
+        # (a flexible group's nodes, a changed P:D ratio): docs/kubernetes.md, "Serving taint"
+        "tolerations": [serving_toleration()],
         # the node's network (HCCL_IF_IP, rank table server_id): NetworkPolicies do not isolate these pods,
         # the hosts' firewalls must (docs/kubernetes.md, "Network policy")
         "hostNetwork": True,
