@@ -21,6 +21,39 @@ count going down (the rank restarted) counts in full. A file that is
 missing, partial, of the wrong shape or with counts that are not finite and
 non-negative is skipped for this round (logged, and listed in ``skipped`` of the
 source, which offline readers such as ``balance plan --history`` refuse).
+
+Every field is checked exactly (:func:`parse_rank_dump`): ``rank``, ``seq``, ``layers`` and
+``experts`` are JSON integers (not booleans, text or floats), ``rank`` equals the ``<r>`` of the
+file name, ``expert_load`` is a rectangular ``layers x experts`` array of whole, finite,
+non-negative numbers (``12`` or ``12.0``; token counts). A document with the engine's expert-map
+keys (``moe_layer_count``/``layer_list``) is named as a map, not load.
+
+What the engines themselves write (checked in the released code)::
+
+    vLLM-Ascend v0.23.0  no expert-load file. Heat stays in the process: each MoE layer's
+        ``moe_load`` (vllm_ascend/ops/fused_moe/fused_moe.py) is int64 ``[local slots]``, or int32
+        ``[expert_heat_collection_interval, local slots]`` when that interval is > 1, tokens per
+        *physical slot* of this rank; vllm_ascend/eplb/eplb_updator.py ``compute_and_set_moe_load``
+        all-gathers it over the EP group into ``shared_dict["moe_load"]`` ``[L, ranks, local slots]``
+        (``[interval, L, ranks, local slots]``), read by the EPLB worker process, never written out.
+        The only file is the expert *map* record (``eplb_config.expert_map_record_path``, ``.json``,
+        vllm_ascend/eplb/adaptor/vllm_adaptor.py ``_export_tensor_to_file``, rank 0, ``json.dump(...,
+        indent=4)``, rewritten in place after every EPLB cycle): the static map format that
+        :mod:`ascend_runtime.balancer.expert_map` reads.
+    vLLM-Ascend v0.11.0  the same: per-layer ``moe_load`` int64 ``[local slots]``
+        (vllm_ascend/ops/common_fused_moe.py), gathered to ``[L, ranks, local slots]``
+        (vllm_ascend/eplb/eplb_updator.py), and the same map record
+        (``additional_config.expert_map_record_path``, vllm_ascend/eplb/adaptor/vllm_adaptor.py).
+    vLLM 0.23.0          no file either: ``EplbState`` (vllm/distributed/eplb/eplb_state.py) keeps
+        ``expert_load_pass`` int32 ``[L, physical experts]`` and ``expert_load_window`` int32
+        ``[window_size, L, physical experts]`` on the device; ``EPLBConfig`` (vllm/config/parallel.py)
+        has ``window_size``, ``step_interval``, ``num_redundant_experts``, ``log_balancedness``,
+        ``log_balancedness_interval``, ``use_async``, ``policy``, ``communicator`` and no key that
+        saves or loads load records; ``log_balancedness`` logs only avg/max tokens per rank.
+
+So ``rank_<r>.json`` is this kit's own format (written by :func:`ascend_runtime.sim.experts.record_dumps`
+and by an adapter an operator runs beside an engine); it is per *logical* expert, where the engines
+count per physical slot.
 """
 
 from __future__ import annotations
@@ -91,6 +124,63 @@ def count_array(data: Any) -> np.ndarray:
     return array.astype(np.float64)
 
 
+class DumpFormatError(ValueError):
+    """A rank dump that does not follow the format; ``field`` is the key at fault ("" for the whole document)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}" if field else message)
+
+
+_HEADER = ("rank", "seq", "layers", "experts")
+
+
+def _json_int(doc: dict[str, Any], key: str, minimum: int) -> int:
+    value = doc[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DumpFormatError(key, f"must be a JSON integer, got {type(value).__name__} {str(value)[:20]!r}")
+    if value < minimum:
+        raise DumpFormatError(key, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def parse_rank_dump(doc: Any, file_rank: int | None = None) -> tuple[int, int, np.ndarray]:
+    """One decoded ``rank_<r>.json`` -> ``(rank, seq, expert_load [L, E] float64 cumulative tokens)``.
+
+    Raises :class:`DumpFormatError` naming the field: not an object, an expert map instead of load,
+    a missing key, a header value that is not a JSON integer (or below its minimum: rank and seq 0,
+    layers and experts 1), ``rank`` other than ``file_rank``, ``expert_load`` not a rectangular
+    ``layers x experts`` array of whole, finite, non-negative numbers."""
+    if not isinstance(doc, dict):
+        raise DumpFormatError("", f"must be a JSON object with {', '.join(_HEADER)} and expert_load, "
+                                  f"got a JSON {type(doc).__name__}")
+    if "layer_list" in doc or "moe_layer_count" in doc:
+        raise DumpFormatError("", "is an expert map (vLLM-Ascend expert_map_record_path / expert_map_path: "
+                                  "moe_layer_count, layer_list), not expert load; the engine writes no load file "
+                                  "(docs/balancer.md, input formats)")
+    missing = [k for k in (*_HEADER, "expert_load") if k not in doc]
+    if missing:
+        raise DumpFormatError(missing[0], "missing; a rank dump has rank, seq, layers, experts and expert_load")
+    rank, seq = _json_int(doc, "rank", 0), _json_int(doc, "seq", 0)
+    layers, experts = _json_int(doc, "layers", 1), _json_int(doc, "experts", 1)
+    if file_rank is not None and rank != file_rank:
+        raise DumpFormatError("rank", f"is {rank} but the file is rank_{file_rank}.json; the rank does not match "
+                                      "the file name")
+    try:
+        cum = count_array(doc["expert_load"])
+    except ValueError as exc:
+        raise DumpFormatError("expert_load", str(exc).removeprefix("expert_load ")) from None
+    if cum.shape != (layers, experts):
+        raise DumpFormatError("expert_load", f"shape {list(cum.shape)} does not match the header layers x experts "
+                                             f"[{layers}, {experts}]")
+    if not np.isfinite(cum).all() or (cum < 0).any():
+        raise DumpFormatError("expert_load", "holds counts that are not finite and non-negative")
+    if (cum != np.floor(cum)).any():
+        l, e = (int(i) for i in np.argwhere(cum != np.floor(cum))[0])
+        raise DumpFormatError("expert_load", f"[{l}][{e}] = {cum[l, e]!r} is not a whole token count")
+    return rank, seq, cum
+
+
 class DirLoadSource:
     """Reads ``DIR/rank_<r>.json`` cumulative dumps and returns their summed deltas."""
 
@@ -99,29 +189,38 @@ class DirLoadSource:
         self._last: dict[int, tuple[int, np.ndarray]] = {}
         #: (file, reason) of every rank file the last :meth:`read` skipped
         self.skipped: list[tuple[Path, str]] = []
+        #: ranks whose dump the last :meth:`read` used
+        self.ranks_read: list[int] = []
 
     def read(self) -> LoadWindow | None:
         """Synchronous collect (the files are local)."""
         total: np.ndarray | None = None
         ranks = 0
-        self.skipped = []
+        self.skipped, self.ranks_read = [], []
         for path in sorted(self.directory.glob("rank_*.json")):
             m = _RANK_FILE.match(path.name)
             if not m:
                 continue
             try:
-                doc = json.loads(path.read_text())
-                rank, seq = int(doc["rank"]), int(doc["seq"])
-                cum = count_array(doc["expert_load"])
-                if cum.shape != (int(doc["layers"]), int(doc["experts"])) or rank != int(m.group(1)):
-                    raise ValueError("shape or rank does not match the header")
-                if not np.isfinite(cum).all() or (cum < 0).any():
-                    raise ValueError("expert_load holds counts that are not finite and non-negative")
-            except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: nested too deeply
+                try:
+                    text = path.read_bytes().decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DumpFormatError("", f"is not utf-8 text (byte {exc.start}); the dumper writes JSON") from None
+                try:
+                    doc = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise DumpFormatError("", f"is not complete JSON ({exc.msg} at line {exc.lineno} column "
+                                              f"{exc.colno}); a partial write?") from None
+                rank, seq, cum = parse_rank_dump(doc, int(m.group(1)))
+                if total is not None and cum.shape != total.shape:
+                    raise DumpFormatError("expert_load", f"is layers x experts {list(cum.shape)}, the other ranks of "
+                                                         f"{self.directory} have {list(total.shape)}")
+            except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
                 log.warning("%s: skipping %s: %s", self.name, path, exc)
                 self.skipped.append((path, str(exc)))
                 continue
             ranks += 1
+            self.ranks_read.append(rank)
             prev = self._last.get(rank)
             if prev is None or seq < prev[0] or (prev[1].shape == cum.shape and (cum < prev[1]).any()):
                 delta = cum  # first sight or restart: everything counted so far
@@ -130,7 +229,7 @@ class DirLoadSource:
             else:
                 delta = cum - prev[1] if prev[1].shape == cum.shape else cum
             self._last[rank] = (seq, cum)
-            total = delta if total is None else (total + delta if total.shape == delta.shape else total)
+            total = delta if total is None else total + delta
         if total is None or total.sum() <= 0:
             return None
         return LoadWindow(self.name, total, ranks or None)

@@ -303,7 +303,11 @@ def record_dumps(router: ExpertRouter, directory: Any, windows: int, steps_per_w
     """Record the router's load as dump snapshots the balancer reads (``balance plan --history``,
     ``balance evaluate --load-dir``): ``directory/w<NNNN>/rank_<r>.json`` per window, each the
     cumulative ``[L x E]`` tokens rank ``r`` routed (the ``DirLoadSource`` format; the step's tokens
-    split evenly over ``ranks`` DP ranks). Returns the snapshot directories, oldest first."""
+    split evenly over ``ranks`` DP ranks). Returns the snapshot directories, oldest first.
+
+    The format is the kit's own: vLLM-Ascend v0.23.0/v0.11.0 and vLLM 0.23.0 write no expert-load
+    file (``balancer/sources.py`` lists what they keep in memory); counts are JSON integers, keys in
+    the order ``rank, seq, layers, experts, expert_load`` (``tests/balancer/test_dump_formats.py``)."""
     import json
     from pathlib import Path
 

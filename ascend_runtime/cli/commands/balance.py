@@ -110,16 +110,25 @@ def _read_history(path: str, field: str = "--history") -> tuple[np.ndarray | Non
     if p.is_dir():
         snaps = sorted(d for d in p.iterdir() if d.is_dir() and any(d.glob("rank_*.json")))
         if not snaps:
-            return None, input_error(field, f"{path} has no sub-directories with rank_<r>.json dumps")
+            flat = "; it holds rank_<r>.json itself: give the directory above it, one sub-directory per snapshot" \
+                if any(p.glob("rank_*.json")) else _map_record_hint(sorted(p.glob("*.json"))[:20])
+            return None, input_error(field, f"{path} has no sub-directories with rank_<r>.json dumps{flat}")
         source = DirLoadSource("history", snaps[0])
         windows = []
+        first_ranks: list[int] | None = None
         for snap in snaps:  # replay the snapshots as the daemon's dump-dir source sees them: deltas
             source.directory = snap
             w = source.read()
             if source.skipped:
                 bad, why = source.skipped[0]
                 return None, input_error(field, f"{bad}: {why}; fix or remove the file (format: docs/balancer.md, "
-                                                "DirLoadSource)")
+                                                "input formats)")
+            ranks = sorted(source.ranks_read)
+            if first_ranks is None:
+                first_ranks = ranks
+            elif ranks != first_ranks:  # a rank missing from one snapshot would count two windows in the next
+                return None, input_error(field, f"{snap} has dumps of ranks {ranks}, {snaps[0]} of ranks {first_ranks}; "
+                                                "every snapshot needs the same rank_<r>.json files")
             if w is not None:
                 windows.append(w.expert_load)
         if not windows or len({w.shape for w in windows}) != 1:
@@ -130,13 +139,27 @@ def _read_history(path: str, field: str = "--history") -> tuple[np.ndarray | Non
     try:
         raw = np.load(p, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
-        return None, input_error(field, f"{path} is not a readable .npy array ({_short(exc)}); give a file numpy.save wrote")
+        return None, input_error(field, f"{path} is not a readable .npy array ({_short(exc)}); give a file numpy.save wrote"
+                                        f"{_map_record_hint([p])}")
     if not isinstance(raw, np.ndarray):  # an .npz archive
         return None, input_error(field, f"{path} is an .npz archive, not one .npy array; save the [W, L, E] array with numpy.save")
     if raw.dtype.kind not in "iuf":
         return None, input_error(field, f"{path} holds {raw.dtype} values, not token counts; save integer or float counts")
     hist = raw.astype(np.float64)
     return (hist[None] if hist.ndim == 2 else hist), 0
+
+
+def _map_record_hint(paths: list[Path]) -> str:
+    """A hint when one of ``paths`` is vLLM-Ascend's expert-map record, which holds no load ("" otherwise)."""
+    for path in paths:
+        try:
+            head = path.read_bytes()[:4096]
+        except OSError:
+            continue
+        if b'"moe_layer_count"' in head and b'"layer_list"' in head:
+            return (f"; {path.name} is an expert map (vLLM-Ascend expert_map_record_path), not expert load: the engine "
+                    "writes no load file (docs/balancer.md, input formats); give it to balance plan --previous")
+    return ""
 
 
 def _short(exc: BaseException, limit: int = 120) -> str:
