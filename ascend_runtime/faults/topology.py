@@ -14,7 +14,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
+from ascend_runtime.config.errors import ResourceName
+from ascend_runtime.faults.signals import DEFAULT_NPU_RESOURCE
 from ascend_runtime.planner.plan import Plan
+
+_RESOURCE_NAME = TypeAdapter(ResourceName)  # the stack's kubernetes.npu_resource check
+
+
+def npu_resource_of(value: object) -> str:
+    """A topology file's ``npu_resource``: the device plugin's extended resource name, ``<domain>/<name>``.
+
+    The watcher reads the device plugin's ConfigMap keys ``<resource>-Unhealthy`` and the like
+    (faults/signals.py), so the value is the resource name itself, e.g. ``huawei.com/Ascend910``
+    (``api.HuaweiAscend910`` in mind-cluster ``component/ascend-common/api/default_name.go``), never a
+    chip number. Absent or null: that default. ValueError naming the field otherwise.
+    """
+    if value is None:
+        return DEFAULT_NPU_RESOURCE
+    if not isinstance(value, str):
+        raise ValueError(f"npu_resource: must be a string, the device plugin's extended resource name such as "
+                         f"'huawei.com/Ascend910' (got {type(value).__name__} {str(value)[:40]!r})")
+    try:
+        _RESOURCE_NAME.validate_python(value)
+    except ValidationError as exc:
+        raise ValueError(f"npu_resource: {value[:80]!r}: {exc.errors()[0]['msg']}; write the device plugin's "
+                         "extended resource name, e.g. 'huawei.com/Ascend910' (the stack's kubernetes.npu_resource)"
+                         ) from None
+    return value
 
 
 @dataclass(frozen=True)
@@ -24,7 +52,7 @@ class Topology:
     stack: str
     nodes: dict[str, str | None]
     instances: dict[str, tuple[str, tuple[str, ...]]]
-    npu_resource: str = "huawei.com/Ascend910"
+    npu_resource: str = DEFAULT_NPU_RESOURCE
     _by_node: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -44,7 +72,7 @@ class Topology:
             stack=plan.stack,
             nodes={n.name: n.role for n in plan.nodes},
             instances={i.name: (i.role, i.nodes) for i in plan.instances},
-            npu_resource=k8s.get("npu_resource") or "huawei.com/Ascend910",
+            npu_resource=k8s.get("npu_resource") or DEFAULT_NPU_RESOURCE,
         )
 
     @classmethod
@@ -66,11 +94,12 @@ class Topology:
                                            or not isinstance(item.get("nodes"), list)
                                            or not all(isinstance(n, str) for n in item["nodes"])):
                     raise ValueError(f"instances[{k}]: needs role prefill or decode and nodes, a list of node names")
+        npu_resource = npu_resource_of(doc.get("npu_resource"))
         return cls(
             stack=str(doc["stack"]),
             nodes={str(n["name"]): n.get("role") for n in doc["nodes"]},
             instances={str(i["name"]): (str(i["role"]), tuple(i["nodes"])) for i in doc["instances"]},
-            npu_resource=str(doc.get("npu_resource") or "huawei.com/Ascend910"),
+            npu_resource=npu_resource,
         )
 
     @classmethod

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -40,6 +41,9 @@ from ascend_runtime.faults.proxies import ProxyAdmin, ProxyError
 from ascend_runtime.planner.plan import FlexGroup, Plan
 
 log = logging.getLogger(__name__)
+
+#: move results ``GroupMover.history`` keeps (the newest)
+MOVE_HISTORY = 64
 
 
 class ActuationError(Exception):
@@ -107,7 +111,8 @@ class GroupMover:
         self.layout = dict(layout)
         self.drain_timeout_s, self.ready_timeout_s, self.poll_s = drain_timeout_s, ready_timeout_s, poll_s
         self.groups = {g.name: g for g in plan.flex_groups}
-        self.history: list[MoveResult] = []
+        #: the last MOVE_HISTORY move results (inspection only; nothing decides on them)
+        self.history: deque[MoveResult] = deque(maxlen=MOVE_HISTORY)
 
     def prefill_groups(self) -> int:
         """Groups running the prefill shape now."""

@@ -16,6 +16,11 @@ background (drain, restart in the other shape, re-register); cycles during a mov
 (``engine_urls``; observe.py). The prefill in-flight count and its change over the interval reach
 the decision as the backlog and its measured growth (``Load.backlog``, ``Load.backlog_growth``);
 after a completed move ``PlannerConfig.move_s`` becomes its measured drain + restart.
+
+Memory stays bounded however long the process runs: no decision reads past cycles' records (the
+forecasters carry O(1) state, :class:`PlannerState` carries the streak and the change times of the
+last hour, at most ``max_changes_per_hour`` of them), so ``history`` keeps only the last
+:data:`HISTORY_CYCLES` records, for inspection; ``cycles`` and ``changes`` count over the whole run.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import logging
 import os
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -63,6 +69,9 @@ from ascend_runtime.pdplanner.observe import (
 )
 
 log = logging.getLogger(__name__)
+
+#: cycle records ``PDPlanner.history`` keeps (the newest); no decision reads any of them
+HISTORY_CYCLES = 256
 
 
 @dataclass
@@ -155,7 +164,10 @@ class PDPlanner:
         self.output = HoltForecaster(config.alpha, 0.0, floor=1.0)
         self.previous: Snapshot | None = None
         self.previous_queue: float | None = None  # prefill in-flight at the last scrape (requests)
-        self.history: list[dict[str, Any]] = []
+        #: the last HISTORY_CYCLES cycle records (inspection only; decisions read none of them)
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_CYCLES)
+        self.cycles = 0  # cycles run since start
+        self.changes = 0  # of them, decisions that changed the counts
 
     def _export_observation(self, obs: Observation) -> None:
         m = self.metrics
@@ -220,6 +232,8 @@ class PDPlanner:
             # a dry run exists to be watched: each decision is shown at the default level
             (log.info if self.config.dry_run else log.debug)("%s: keep %dP + %dD %s", d.reason, *self.current, d.detail)
         self.history.append(record)
+        self.cycles += 1
+        self.changes += 1 if d.change else 0
         return record
 
     def _export_decision(self, d: Decision) -> None:

@@ -8,6 +8,9 @@ the released code would crash on, silently ignore, or degrade under.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from ascend_runtime.config.errors import Problem
 from ascend_runtime.config.stack import Role, StackConfig
 from ascend_runtime.engine.releases import (
@@ -205,6 +208,80 @@ def check_options(config: StackConfig, row: EngineRelease) -> list[Problem]:
     return problems
 
 
+#: vLLM-Ascend's balance scheduling switch: the ``--additional-config`` key, and the deprecated variable it
+#: falls back to when the key is absent (vllm_ascend/ascend_config.py lines 78-83 and ``_get_config_value``
+#: lines 354-365, v0.23.0; the variable is ``bool(int(os.getenv(...)))``, vllm_ascend/envs.py line 105).
+BALANCE_KEY = "enable_balance_scheduling"
+BALANCE_ENV = "VLLM_ASCEND_BALANCE_SCHEDULING"
+ADDITIONAL_CONFIG = "--additional-config"
+
+
+def _extra_additional_config(args: list[str], key: str) -> tuple[int, Any] | None:
+    """The value ``engine.extra_args`` give ``--additional-config`` ``key`` and the index of the word giving it
+    (None: not given). Forms vLLM 0.23.0 parses (vllm/utils/argparse_utils.py ``FlexibleArgumentParser``,
+    which also reads ``_`` as ``-`` in option names): ``--additional-config JSON``, ``--additional-config=JSON``
+    (the last one counts: json.loads per occurrence, vllm/engine/arg_utils.py), and the dotted
+    ``--additional-config.KEY VALUE`` / ``=VALUE`` (VALUE read as JSON, else as text; the parser merges the
+    dotted ones into one JSON it appends after every other argument, so they win)."""
+    found: tuple[int, Any] | None = None
+    dotted_found: tuple[int, Any] | None = None
+    for i, arg in enumerate(args):
+        name, eq, inline = arg.partition("=")
+        name = name.replace("_", "-") if name.startswith("--") else name
+        dotted = name.startswith(ADDITIONAL_CONFIG + ".")
+        if name != ADDITIONAL_CONFIG and not (dotted and name.split(".", 1)[1].replace("-", "_") == key):
+            continue
+        at, text = (i, inline) if eq else (i + 1, args[i + 1] if i + 1 < len(args) else None)
+        if text is None:
+            continue
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        if dotted:
+            dotted_found = (at, value)
+        elif isinstance(value, dict):  # a whole dict replaces what an earlier one said
+            found = (at, value[key]) if key in value else None
+    return dotted_found or found
+
+
+def check_balance_scheduling(config: StackConfig, row: EngineRelease) -> list[Problem]:
+    """Balance scheduling stays off: vLLM-Ascend refuses it at start-up unless the engine is PD-mixed
+    (``kv_role`` ``kv_both``), and every engine the kit renders is a KV producer or consumer
+    (vllm_ascend/platform.py ``check_and_update_config`` lines 677-684, v0.23.0: ValueError
+    "enable_balance_scheduling only supports PD-mixed mode"). The ``--additional-config`` key, when
+    given, decides; else the variable does (``_get_config_value``), which must also be an integer
+    (``int()`` of it is evaluated at start-up whether or not the key is given)."""
+    surface = load_surface(row.version)
+    if BALANCE_KEY not in surface.additional_config.get("", frozenset()) and BALANCE_ENV not in surface.env_vars:
+        return []  # a release without balance scheduling
+    why = (f"vLLM-Ascend {row.version} refuses balance scheduling in PD-disaggregated mode at start-up "
+           "(vllm_ascend/platform.py check_and_update_config), and every engine of the kit is a KV producer "
+           "or consumer")
+    problems: list[Problem] = []
+    env = config.engine.extra_env.get(BALANCE_ENV)
+    env_on = False
+    if isinstance(env, dict):
+        problems.append(Problem(f"engine.extra_env.{BALANCE_ENV}", "a secret reference hides whether balance "
+                                "scheduling is on; " + why, hint=f"remove {BALANCE_ENV} from engine.extra_env"))
+    elif env is not None:
+        try:
+            env_on = bool(int(env))
+        except ValueError:
+            problems.append(Problem(f"engine.extra_env.{BALANCE_ENV}", "vLLM-Ascend reads it with int() at start-up "
+                                    "(vllm_ascend/envs.py) and would stop on this value", env[:60],
+                                    f"remove {BALANCE_ENV} from engine.extra_env (or set it to 0)"))
+    given = _extra_additional_config(list(config.engine.extra_args), BALANCE_KEY)
+    if given is not None and given[1]:
+        problems.append(Problem(f"engine.extra_args[{given[0]}]", f"--additional-config {BALANCE_KEY} is on; {why}",
+                                str(given[1])[:60], f"remove {BALANCE_KEY} from the --additional-config of "
+                                "engine.extra_args"))
+    elif given is None and env_on:
+        problems.append(Problem(f"engine.extra_env.{BALANCE_ENV}", f"turns balance scheduling on; {why}", env,
+                                f"remove {BALANCE_ENV} from engine.extra_env"))
+    return problems
+
+
 def recompute_on(config: StackConfig, row: EngineRelease, role: Role) -> bool:
     """The recompute scheduler as rendered: decode only, on unless the stage turns it off, where the release has it."""
     explicit = config.stage(role).recompute_scheduler
@@ -216,7 +293,7 @@ def check_engine(config: StackConfig, row: EngineRelease, connector: str) -> lis
     from ascend_runtime.planner.modules import check_modules  # noqa: PLC0415  (per-module rules)
 
     problems = check_image(config, row) + check_graphs(config, row) + check_experts(config, row)
-    problems += check_options(config, row)
+    problems += check_options(config, row) + check_balance_scheduling(config, row)
     problems += check_modules(config, row.version, {r: graph_mode_on(config, r) for r in ROLES},
                               {r: recompute_on(config, row, r) for r in ROLES})
     return problems

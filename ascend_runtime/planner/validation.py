@@ -1,7 +1,10 @@
 """Checks of a stack against its inventory and hardware, before any placement.
 
 Each function returns a list of :class:`Problem`; the planner raises them all
-at once so an operator fixes everything in one pass.
+at once so an operator fixes everything in one pass. One check needs the placed
+Plan: :func:`require_engine_resources` (the engine pods' CPU and memory fit), run by
+``ascend-deploy plan`` and by ``render`` / ``pulumi`` (``render/objects/``), the same
+message from each.
 """
 
 from __future__ import annotations
@@ -9,11 +12,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from ascend_runtime.config.errors import Problem, is_dns_label
+from ascend_runtime.config.errors import ConfigError, Problem, is_dns_label
 from ascend_runtime.config.inventory import Inventory
 from ascend_runtime.config.stack import Role, StackConfig
 from ascend_runtime.hardware import HardwareSpec
 from ascend_runtime.planner.memory import estimate_memory
+from ascend_runtime.planner.plan import Plan
+from ascend_runtime.planner.pod_resources import resource_problems
 
 ROLES: tuple[Role, Role] = ("prefill", "decode")
 
@@ -319,3 +324,11 @@ def check_ports(config: StackConfig, hardware: HardwareSpec, connector: str, ins
                     )
                 )
     return problems
+
+
+def require_engine_resources(plan: Plan) -> None:
+    """Raise ConfigError (exit 2 in the CLI) when the engine pods' CPU or memory do not fit
+    (:func:`ascend_runtime.planner.pod_resources.resource_problems`; nothing on local and kind)."""
+    problems = resource_problems(plan)
+    if problems:
+        raise ConfigError(problems, f"stack {plan.stack}")

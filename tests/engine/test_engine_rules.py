@@ -326,3 +326,80 @@ def test_ignored_flags_are_those_the_platform_resets(plans: dict[str, Plan], wit
     for flag in rendered:
         if flag.removeprefix("--").replace("-", "_") in reset:
             assert flag in row.ignored_flags, f"vLLM-Ascend 0.23.0 resets {flag}; list it in ignored_flags"
+
+
+# -- balance scheduling: refused in PD-disaggregated mode ------------------------------------------------------------
+
+BALANCE_ENV_CASES = [  # (engine.extra_env value, refused)
+    ("1", True), ("2", True), (" 1 ", True), ("0", False), ("00", False), ("yes", True), ("", True),
+    ({"secret": "balance"}, True),
+]
+BALANCE_ARGS_CASES = [  # (engine.extra_args, the refused word's index or None)
+    (["--additional-config", '{"enable_balance_scheduling": true}'], 1),
+    (['--additional-config={"enable_balance_scheduling": 1}'], 0),
+    (["--additional_config", '{"enable_balance_scheduling": "false"}'], 1),  # a non-empty string is true upstream
+    (["--additional-config.enable_balance_scheduling", "true"], 1),
+    (["--additional-config.enable_balance_scheduling=true"], 0),
+    (["--additional-config", '{"enable_balance_scheduling": true}', "--additional-config", "{}"], None),  # last wins
+    (["--additional-config", '{"enable_balance_scheduling": false}'], None),
+    (["--additional-config.enable_balance_scheduling", "false", "--additional-config",
+      '{"enable_balance_scheduling": true}'], None),  # the dotted form is merged last, so it wins
+]
+
+
+def test_balance_scheduling_env_is_refused_naming_the_key(edited_plan) -> None:
+    """vllm_ascend/platform.py check_and_update_config (v0.23.0, lines 677-684): ValueError unless kv_both;
+    the variable is bool(int(...)) (envs.py line 105)."""
+    for value, refused in BALANCE_ENV_CASES:
+        edit = lambda c, v=value: c["engine"].setdefault("extra_env", {}).update(VLLM_ASCEND_BALANCE_SCHEDULING=v)  # noqa: E731
+        if not refused:
+            edited_plan("a2-staging", edit)
+            continue
+        with pytest.raises(ConfigError) as err:
+            edited_plan("a2-staging", edit)
+        assert _paths(err.value) == ["engine.extra_env.VLLM_ASCEND_BALANCE_SCHEDULING"], value
+
+
+def test_balance_scheduling_additional_config_is_refused_naming_the_word(edited_plan) -> None:
+    """The --additional-config key decides over the variable (ascend_config.py _get_config_value, v0.23.0)."""
+    for args, index in BALANCE_ARGS_CASES:
+        edit = lambda c, a=args: c["engine"].update(extra_args=a)  # noqa: E731
+        if index is None:
+            edited_plan("a2-staging", edit)
+            continue
+        with pytest.raises(ConfigError) as err:
+            edited_plan("a2-staging", edit)
+        assert _paths(err.value) == [f"engine.extra_args[{index}]"], args
+        assert "enable_balance_scheduling" in str(err.value) and "PD-disaggregated" in str(err.value)
+    # the key given off overrides the variable; the variable given on with no key is refused
+    def both(c, on: bool):  # noqa: ANN001
+        c["engine"].update(extra_args=["--additional-config", json.dumps({"enable_balance_scheduling": on})],
+                           extra_env={"VLLM_ASCEND_BALANCE_SCHEDULING": "1"})
+
+    edited_plan("a2-staging", lambda c: both(c, False))
+    with pytest.raises(ConfigError) as err:
+        edited_plan("a2-staging", lambda c: both(c, True))
+    assert _paths(err.value) == ["engine.extra_args[1]"]
+
+
+def test_balance_scheduling_rule_only_where_the_release_has_it(edited_plan) -> None:
+    """0.11.0 has neither the key nor the variable: the rule does not apply there."""
+    def edit(cfg):  # noqa: ANN001
+        cfg["engine"]["vllm_ascend_version"] = "0.11.0"
+        cfg["prefill"].pop("eplb", None)
+        cfg["decode"].update(max_num_batched_tokens=256)
+        for role in ("prefill", "decode"):
+            cfg[role].pop("modules", None)  # 0.23.0-only keys
+        cfg["engine"].setdefault("extra_env", {})["VLLM_ASCEND_BALANCE_SCHEDULING"] = "1"
+
+    assert edited_plan("a2-staging", edit).vllm_ascend_version == "0.11.0"
+
+
+@needs_src
+def test_balance_scheduling_check_is_where_the_rule_cites_it() -> None:
+    text = (VLLM_ASCEND_SRC / "vllm_ascend" / "platform.py").read_text().splitlines()
+    block = "\n".join(text[676:685])
+    assert "if ascend_config.enable_balance_scheduling:" in block and 'kv_role != "kv_both"' in block
+    assert "only supports PD-mixed mode" in block
+    envs = (VLLM_ASCEND_SRC / "vllm_ascend" / "envs.py").read_text().splitlines()[104]
+    assert '"VLLM_ASCEND_BALANCE_SCHEDULING": lambda: bool(int(os.getenv("VLLM_ASCEND_BALANCE_SCHEDULING", "0")))' in envs

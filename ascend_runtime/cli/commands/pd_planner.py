@@ -149,9 +149,8 @@ def _announce(args: argparse.Namespace, plan, metrics_url: str, interval_s: floa
 
 def _finished(args: argparse.Namespace, daemon) -> None:  # type: ignore[no-untyped-def]
     """The closing line: cycles run and changes decided (a dry run says nothing was applied)."""
-    changes = sum(1 for r in daemon.history if r["decision"].change)
     tail = " (dry run: none published or applied)" if args.dry_run else ""
-    print(f"pd-planner: stopped after {len(daemon.history)} decision(s), {changes} change(s){tail}", flush=True)
+    print(f"pd-planner: stopped after {daemon.cycles} decision(s), {daemon.changes} change(s){tail}", flush=True)
 
 
 def _run_pool(args: argparse.Namespace, plan, cfg, pool) -> int:  # type: ignore[no-untyped-def]

@@ -67,6 +67,14 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_or_exit(args)
     if plan is None:
         return 2
+    from ascend_runtime.config.errors import ConfigError  # noqa: PLC0415
+    from ascend_runtime.planner.validation import require_engine_resources  # noqa: PLC0415
+
+    try:
+        require_engine_resources(plan)  # the engine pod fit render and pulumi refuse (docs/validation.md)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if getattr(args, "advise", False):
         from ascend_runtime.planner.advise import advice_lines  # noqa: PLC0415
 

@@ -110,6 +110,11 @@ def _check_bounds(args: argparse.Namespace) -> int | None:
                            "quay.io/ascend/vllm-ascend:v0.23.0)")
     if any(not n for n in args.instance) or args.start == "":
         return input_error("--instance/--from", "an instance name cannot be empty")
+    # instance names reach the messages, logs and proxy admin URLs: no control characters, shown quoted
+    bad = first_error(*(check_text("--instance", n, "an instance name") for n in args.instance),
+                      check_text("--from", args.start, "an instance name"))
+    if bad is not None:
+        return bad
     if args.proxy_service is not None:
         try:
             ProxyService.parse(args.proxy_service)
