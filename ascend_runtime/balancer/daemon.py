@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,9 @@ from ascend_runtime.eventloop import run_every
 from ascend_runtime.metrics_server import start_metrics_server
 
 log = logging.getLogger(__name__)
+
+#: cycle records the daemon keeps (``Balancer.history``); older ones are dropped
+HISTORY_CYCLES = 256
 
 
 @dataclass
@@ -144,7 +148,10 @@ class BalancerDaemon:
         self.current: np.ndarray | None = None  # placement in service [L, R*S]
         self.current_doc: dict[str, Any] | None = None
         self.applied: dict[str, str] = {}  # instance -> digest of the map it serves
-        self.history: list[dict[str, Any]] = []  # one record per cycle (for tests and status)
+        #: the last HISTORY_CYCLES cycle records (for tests and status; nothing decides on them): a daemon that
+        #: runs for months must not keep one record per cycle forever
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_CYCLES)
+        self.cycles = 0  # cycles run since start
         self._load_current()
 
     def _load_current(self) -> None:
@@ -268,6 +275,7 @@ class BalancerDaemon:
             record["rollout_ok"] = await self.rollout(session)
         self.metrics.cycles.labels(record["outcome"]).inc()
         self.history.append(record)
+        self.cycles += 1
         return record
 
     async def _metrics_app(self) -> web.AppRunner | None:
@@ -275,7 +283,7 @@ class BalancerDaemon:
             return None
 
         async def healthz(_: web.Request) -> web.Response:
-            return web.json_response({"ok": True, "cycles": len(self.history)})
+            return web.json_response({"ok": True, "cycles": self.cycles})
 
         return await start_metrics_server(self.metrics.registry, self.config.metrics_host, self.config.metrics_port,
                                           healthz)

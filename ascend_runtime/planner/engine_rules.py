@@ -245,6 +245,124 @@ def _extra_additional_config(args: list[str], key: str) -> tuple[int, Any] | Non
     return dotted_found or found
 
 
+#: Options of ``vllm serve`` the kit renders itself (render/engine_args.py ``engine_command``; a render test keeps
+#: the two in step), with vLLM 0.23.0's short aliases (vllm/engine/arg_utils.py ``add_cli_args``,
+#: vllm/entrypoints/openai/cli_args.py). ``--additional-config`` is not here: engine.extra_args may add keys to it.
+KIT_OPTIONS: frozenset[str] = frozenset({
+    "--api-server-count", "-asc", "--compilation-config", "-O", "--data-parallel-address", "-dpa",
+    "--data-parallel-rpc-port", "-dpp", "--data-parallel-size", "-dp", "--data-parallel-size-local", "-dpl",
+    "--data-parallel-start-rank", "-dpr", "--enable-dbo", "--enable-expert-parallel", "-ep", "--enforce-eager",
+    "--gpu-memory-utilization", "--headless", "--host", "--kv-transfer-config", "--max-model-len",
+    "--max-num-batched-tokens", "--max-num-seqs", "--port", "--quantization", "-q", "--seed",
+    "--served-model-name", "--speculative-config", "--tensor-parallel-size", "-tp", "--trust-remote-code",
+})
+
+
+def _option_name(arg: str) -> str | None:
+    """The option an ``engine.extra_args`` word names, spelt as the kit renders it (None: not an option):
+    ``=value`` and ``.key`` dropped, ``_`` read as ``-`` and ``--no-X`` as ``--X`` (vLLM 0.23.0's
+    ``FlexibleArgumentParser`` and its boolean ``--no-`` options, vllm/utils/argparse_utils.py)."""
+    if not arg.startswith("-") or arg == "-" or arg[1:2].isdigit():
+        return None
+    name = arg.split("=", 1)[0].split(".", 1)[0]
+    if name.startswith("--"):
+        name = name.replace("_", "-")
+        if name.startswith("--no-"):
+            name = "--" + name[5:]
+    return name
+
+
+def check_extra_args_repeat(config: StackConfig) -> list[Problem]:
+    """``engine.extra_args`` must not give an option the kit renders: vLLM 0.23.0 keeps the last occurrence (it
+    only logs "Found duplicate keys", vllm/utils/argparse_utils.py) and joins dotted forms (``--opt.key v``)
+    into one JSON appended after every other argument, so either would silently replace the kit's value
+    (for ``--kv-transfer-config``, the PD connection itself)."""
+    problems = []
+    for i, arg in enumerate(config.engine.extra_args):
+        name = _option_name(arg)
+        if name in KIT_OPTIONS:
+            problems.append(Problem(f"engine.extra_args[{i}]", f"{name} is rendered by the kit from the stack; "
+                                    "vLLM keeps the last one given, so this would replace the kit's value", arg[:60],
+                                    "remove it and set the stack key that renders it (docs/rendering.md)"))
+    return problems
+
+
+def extra_additional_config(args: list[str]) -> tuple[dict[str, Any], list[str], list[tuple[int, str]]]:
+    """Split ``engine.extra_args`` into the ``--additional-config`` they give and the other words.
+
+    Returns (keys as one nested dict, the remaining words in order, problems as (word index, message)).
+    Forms (vLLM 0.23.0 ``FlexibleArgumentParser``): ``--additional-config JSON`` / ``=JSON`` (a JSON object;
+    a later one replaces an earlier one, as vLLM's last-one-wins), and ``--additional-config.a.b VALUE`` /
+    ``=VALUE`` (VALUE read as JSON, else as text), merged over the whole-JSON ones. The renderer merges the
+    result into the kit's own ``--additional-config`` (render/engine_args.py) instead of passing a second one,
+    which vLLM would keep in place of the kit's."""
+    whole: dict[str, Any] = {}
+    dotted: dict[str, Any] = {}
+    rest: list[str] = []
+    problems: list[tuple[int, str]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, inline = arg.partition("=")
+        name = name.replace("_", "-") if name.startswith("--") else name
+        if name != ADDITIONAL_CONFIG and not name.startswith(ADDITIONAL_CONFIG + "."):
+            rest.append(arg)
+            i += 1
+            continue
+        if eq:
+            text, at, i = inline, i, i + 1
+        elif i + 1 < len(args):
+            text, at, i = args[i + 1], i + 1, i + 2
+        else:
+            problems.append((i, f"{name} needs a value"))
+            break
+        if name == ADDITIONAL_CONFIG:
+            try:
+                value = json.loads(text)
+            except ValueError as exc:
+                problems.append((at, f"--additional-config is not JSON ({exc})"))
+                continue
+            if not isinstance(value, dict):
+                problems.append((at, "--additional-config must be a JSON object"))
+                continue
+            whole = value
+            continue
+        keys = name.split(".")[1:]
+        if not all(keys):
+            problems.append((at - (0 if eq else 1), f"{name}: an empty key"))
+            continue
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        node = dotted
+        for key in keys[:-1]:
+            child = node.get(key)
+            if not isinstance(child, dict):
+                child = node[key] = {}
+            node = child
+        node[keys[-1]] = value
+    return merge_config(whole, dotted), rest, problems
+
+
+def merge_config(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``update`` merged in, nested dicts key by key (a new dict; the inputs are not changed)."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_config(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def check_extra_additional_config(config: StackConfig) -> list[Problem]:
+    """``--additional-config`` in ``engine.extra_args`` is a JSON object (or dotted keys) the renderer can merge."""
+    _, _, problems = extra_additional_config(list(config.engine.extra_args))
+    return [Problem(f"engine.extra_args[{i}]", message, hint="give a JSON object, or --additional-config.KEY=VALUE")
+            for i, message in problems]
+
+
 def check_balance_scheduling(config: StackConfig, row: EngineRelease) -> list[Problem]:
     """Balance scheduling stays off: vLLM-Ascend refuses it at start-up unless the engine is PD-mixed
     (``kv_role`` ``kv_both``), and every engine the kit renders is a KV producer or consumer
@@ -294,6 +412,7 @@ def check_engine(config: StackConfig, row: EngineRelease, connector: str) -> lis
 
     problems = check_image(config, row) + check_graphs(config, row) + check_experts(config, row)
     problems += check_options(config, row) + check_balance_scheduling(config, row)
+    problems += check_extra_args_repeat(config) + check_extra_additional_config(config)
     problems += check_modules(config, row.version, {r: graph_mode_on(config, r) for r in ROLES},
                               {r: recompute_on(config, row, r) for r in ROLES})
     return problems

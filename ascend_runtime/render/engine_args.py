@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 from ascend_runtime.engine.releases import Connector, EngineRelease, release
+from ascend_runtime.planner.engine_rules import extra_additional_config, merge_config
 from ascend_runtime.planner.modules import ModuleDegrees, additional_config_entries
 from ascend_runtime.planner.plan import InstancePlan, Plan, RankPlan
 
@@ -238,8 +239,10 @@ def engine_command(plan: Plan, rank: RankPlan) -> list[str]:
     if compilation:
         argv += ["--compilation-config", _json(compilation)]
     argv += ["--kv-transfer-config", _json(kv_transfer_config(plan, rank))]
-    extra = additional_config(plan, inst)
+    # --additional-config keys of engine.extra_args merged into the kit's: a second option would replace it
+    user_config, rest, _ = extra_additional_config(list(plan.config["engine"].get("extra_args") or []))
+    extra = merge_config(additional_config(plan, inst), user_config)
     if extra:
         argv += ["--additional-config", _json(extra)]
-    argv += list(plan.config["engine"].get("extra_args") or [])
+    argv += rest
     return argv

@@ -132,3 +132,19 @@ def test_dir_source_returns_deltas_and_handles_restart(tmp_path):
     assert src.read().expert_load.tolist() == [[1, 0, 0], [0, 0, 0]]
     (tmp_path / "rank_2.json").write_text("{partial")
     assert src.read() is None
+
+
+async def test_the_cycle_records_kept_are_bounded(tmp_path, monkeypatch):
+    import ascend_runtime.balancer.daemon as daemon_mod
+
+    monkeypatch.setattr(daemon_mod, "HISTORY_CYCLES", 4)
+    sim = FakeSim(seed=3)
+    runner, url = await serve(sim.app())
+    try:
+        daemon = make_daemon([url], tmp_path, dry_run=True)
+        await daemon.run(max_cycles=7)
+        assert daemon.cycles == 7  # every cycle counted
+        assert len(daemon.history) == 4  # only the last records kept: a months-long daemon does not grow
+        assert daemon.history[-1]["outcome"] == "dry_run"
+    finally:
+        await runner.cleanup()

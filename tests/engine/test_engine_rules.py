@@ -403,3 +403,52 @@ def test_balance_scheduling_check_is_where_the_rule_cites_it() -> None:
     assert "only supports PD-mixed mode" in block
     envs = (VLLM_ASCEND_SRC / "vllm_ascend" / "envs.py").read_text().splitlines()[104]
     assert '"VLLM_ASCEND_BALANCE_SCHEDULING": lambda: bool(int(os.getenv("VLLM_ASCEND_BALANCE_SCHEDULING", "0")))' in envs
+
+
+# -- engine.extra_args never replaces what the kit renders -----------------------------------------------------------
+
+
+def test_every_option_the_kit_renders_is_guarded(plans) -> None:
+    from ascend_runtime.planner.engine_rules import KIT_OPTIONS, _option_name
+
+    seen = set()
+    for plan in plans.values():
+        for rank in plan.ranks:
+            seen |= {w for w in engine_command(plan, rank) if w.startswith("-")}
+    assert seen - {"--additional-config"} <= KIT_OPTIONS, seen - KIT_OPTIONS
+    assert {_option_name(w) for w in ("--max_num_seqs=4", "--no-enforce-eager", "--compilation-config.level",
+                                      "-tp", "--kv-transfer-config={}")} <= KIT_OPTIONS
+
+
+@pytest.mark.parametrize("args, index", [
+    (["--kv-transfer-config", "{}"], 0),
+    (["--no-enable-prefix-caching", "--max_num_seqs=4"], 1),
+    (["--no-enforce-eager"], 0),
+    (["--compilation-config.cudagraph_mode", "NONE"], 0),
+    (["-tp", "2"], 0),
+])
+def test_extra_args_repeating_a_rendered_option_are_refused(edited_plan, args, index) -> None:
+    with pytest.raises(ConfigError) as err:
+        edited_plan("a2-staging", lambda c: c["engine"].update(extra_args=args))
+    assert f"engine.extra_args[{index}]" in _paths(err.value)
+
+
+def test_extra_additional_config_is_merged_into_the_kits_one(edited_plan) -> None:
+    args = ["--no-enable-prefix-caching", "--additional-config", json.dumps({"x": {"a": 1}}),
+            "--additional_config.x.b=2", "--additional-config.y", "text"]
+    plan = edited_plan("a2-staging", lambda c: c["engine"].update(extra_args=args))
+    inst = plan.by_role("decode")[0]
+    rank = next(r for r in plan.ranks if r.instance == inst.name)
+    argv = engine_command(plan, rank)
+    assert argv.count("--additional-config") == 1 and argv[-1] == "--no-enable-prefix-caching"
+    merged = json.loads(_arg(argv, "--additional-config"))
+    kit = additional_config(plan, inst)
+    assert merged == {**kit, "x": {"a": 1, "b": 2}, "y": "text"} and kit  # the kit's keys stay
+
+
+@pytest.mark.parametrize("args", [["--additional-config", "{not json"], ["--additional-config", "[1]"],
+                                  ["--additional-config"]])
+def test_extra_additional_config_that_is_no_object_is_refused(edited_plan, args) -> None:
+    with pytest.raises(ConfigError) as err:
+        edited_plan("a2-staging", lambda c: c["engine"].update(extra_args=args))
+    assert any(p.startswith("engine.extra_args[") for p in _paths(err.value))
