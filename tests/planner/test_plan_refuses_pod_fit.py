@@ -58,3 +58,15 @@ def test_plan_and_render_refuse_the_same_stacks_with_the_same_message(
             assert plan[2] == render[2], (plan[2], render[2])  # the same message, word for word
         if refused:
             assert not (out_dir / "plan.json").exists()
+
+
+def test_plan_refuses_what_the_release_conformance_check_of_render_refuses(
+        stack_copy: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # an environment variable vLLM-Ascend 0.23.0 does not read (MLAP0 with a zero): the planner's own rules pass it
+    stacks = stack_copy("a2-staging", edit_config=lambda c: c["ascend-deepseek:engine"].setdefault(
+        "extra_env", {}).update({"VLLM_ASCEND_ENABLE_MLAP0": "1"}))
+    args = ["--stack", "a2-staging", "--stacks-dir", str(stacks)]
+    render = _run(["render", *args, "--out", str(tmp_path / "out")], capsys)
+    plan = _run(["plan", *args], capsys)
+    assert render[0] == 2 and plan[0] == 2, (plan, render)
+    assert "VLLM_ASCEND_ENABLE_MLAP0" in plan[2] and plan[1] == "" and plan[2] == render[2]

@@ -68,10 +68,12 @@ def run(args: argparse.Namespace) -> int:
     if plan is None:
         return 2
     from ascend_runtime.config.errors import ConfigError  # noqa: PLC0415
+    from ascend_runtime.engine.conformance import require_conformance  # noqa: PLC0415
     from ascend_runtime.planner.validation import require_engine_resources  # noqa: PLC0415
 
     try:
         require_engine_resources(plan)  # the engine pod fit render and pulumi refuse (docs/validation.md)
+        require_conformance(plan)  # every rendered flag, key and env var exists in the release, as render checks
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
