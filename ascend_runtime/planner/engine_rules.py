@@ -9,7 +9,7 @@ the released code would crash on, silently ignore, or degrade under.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from ascend_runtime.config.errors import Problem
 from ascend_runtime.config.stack import Role, StackConfig
@@ -216,40 +216,11 @@ BALANCE_ENV = "VLLM_ASCEND_BALANCE_SCHEDULING"
 ADDITIONAL_CONFIG = "--additional-config"
 
 
-def _extra_additional_config(args: list[str], key: str) -> tuple[int, Any] | None:
-    """The value ``engine.extra_args`` give ``--additional-config`` ``key`` and the index of the word giving it
-    (None: not given). Forms vLLM 0.23.0 parses (vllm/utils/argparse_utils.py ``FlexibleArgumentParser``,
-    which also reads ``_`` as ``-`` in option names): ``--additional-config JSON``, ``--additional-config=JSON``
-    (the last one counts: json.loads per occurrence, vllm/engine/arg_utils.py), and the dotted
-    ``--additional-config.KEY VALUE`` / ``=VALUE`` (VALUE read as JSON, else as text; the parser merges the
-    dotted ones into one JSON it appends after every other argument, so they win)."""
-    found: tuple[int, Any] | None = None
-    dotted_found: tuple[int, Any] | None = None
-    for i, arg in enumerate(args):
-        name, eq, inline = arg.partition("=")
-        name = name.replace("_", "-") if name.startswith("--") else name
-        dotted = name.startswith(ADDITIONAL_CONFIG + ".")
-        if name != ADDITIONAL_CONFIG and not (dotted and name.split(".", 1)[1].replace("-", "_") == key):
-            continue
-        at, text = (i, inline) if eq else (i + 1, args[i + 1] if i + 1 < len(args) else None)
-        if text is None:
-            continue
-        try:
-            value = json.loads(text)
-        except ValueError:
-            value = text
-        if dotted:
-            dotted_found = (at, value)
-        elif isinstance(value, dict):  # a whole dict replaces what an earlier one said
-            found = (at, value[key]) if key in value else None
-    return dotted_found or found
-
-
 #: Options of ``vllm serve`` the kit renders itself (render/engine_args.py ``engine_command``; a render test keeps
 #: the two in step), with vLLM 0.23.0's short aliases (vllm/engine/arg_utils.py ``add_cli_args``,
 #: vllm/entrypoints/openai/cli_args.py). ``--additional-config`` is not here: engine.extra_args may add keys to it.
 KIT_OPTIONS: frozenset[str] = frozenset({
-    "--api-server-count", "-asc", "--compilation-config", "-O", "--data-parallel-address", "-dpa",
+    "--api-server-count", "-asc", "--compilation-config", "--data-parallel-address", "-dpa",
     "--data-parallel-rpc-port", "-dpp", "--data-parallel-size", "-dp", "--data-parallel-size-local", "-dpl",
     "--data-parallel-start-rank", "-dpr", "--enable-dbo", "--enable-expert-parallel", "-ep", "--enforce-eager",
     "--gpu-memory-utilization", "--headless", "--host", "--kv-transfer-config", "--max-model-len",
@@ -287,10 +258,18 @@ def check_extra_args_repeat(config: StackConfig) -> list[Problem]:
     return problems
 
 
-def extra_additional_config(args: list[str]) -> tuple[dict[str, Any], list[str], list[tuple[int, str]]]:
+class ExtraConfig(NamedTuple):
+    """What ``engine.extra_args`` give ``--additional-config`` (:func:`extra_additional_config`)."""
+
+    values: dict[str, Any]  #: the keys, one nested dict
+    rest: list[str]  #: the other words, in order
+    problems: list[tuple[int, str]]  #: (word index, message)
+    origin: dict[str, int]  #: top-level key -> index of the word whose value set it
+
+
+def extra_additional_config(args: list[str]) -> ExtraConfig:
     """Split ``engine.extra_args`` into the ``--additional-config`` they give and the other words.
 
-    Returns (keys as one nested dict, the remaining words in order, problems as (word index, message)).
     Forms (vLLM 0.23.0 ``FlexibleArgumentParser``): ``--additional-config JSON`` / ``=JSON`` (a JSON object;
     a later one replaces an earlier one, as vLLM's last-one-wins), and ``--additional-config.a.b VALUE`` /
     ``=VALUE`` (VALUE read as JSON, else as text), merged over the whole-JSON ones. The renderer merges the
@@ -298,13 +277,17 @@ def extra_additional_config(args: list[str]) -> tuple[dict[str, Any], list[str],
     which vLLM would keep in place of the kit's."""
     whole: dict[str, Any] = {}
     dotted: dict[str, Any] = {}
+    whole_at: dict[str, int] = {}
+    dotted_at: dict[str, int] = {}
     rest: list[str] = []
     problems: list[tuple[int, str]] = []
     i = 0
     while i < len(args):
         arg = args[i]
         name, eq, inline = arg.partition("=")
-        name = name.replace("_", "-") if name.startswith("--") else name
+        if name.startswith("--"):  # vLLM reads `_` as `-` up to the first `.` only: dotted keys stay as written
+            option, dot, keys_text = name.partition(".")
+            name = option.replace("_", "-") + dot + keys_text
         if name != ADDITIONAL_CONFIG and not name.startswith(ADDITIONAL_CONFIG + "."):
             rest.append(arg)
             i += 1
@@ -325,7 +308,7 @@ def extra_additional_config(args: list[str]) -> tuple[dict[str, Any], list[str],
             if not isinstance(value, dict):
                 problems.append((at, "--additional-config must be a JSON object"))
                 continue
-            whole = value
+            whole, whole_at = value, dict.fromkeys(value, at)
             continue
         keys = name.split(".")[1:]
         if not all(keys):
@@ -342,7 +325,8 @@ def extra_additional_config(args: list[str]) -> tuple[dict[str, Any], list[str],
                 child = node[key] = {}
             node = child
         node[keys[-1]] = value
-    return merge_config(whole, dotted), rest, problems
+        dotted_at[keys[0]] = at
+    return ExtraConfig(merge_config(whole, dotted), rest, problems, {**whole_at, **dotted_at})
 
 
 def merge_config(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
@@ -358,9 +342,8 @@ def merge_config(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]
 
 def check_extra_additional_config(config: StackConfig) -> list[Problem]:
     """``--additional-config`` in ``engine.extra_args`` is a JSON object (or dotted keys) the renderer can merge."""
-    _, _, problems = extra_additional_config(list(config.engine.extra_args))
     return [Problem(f"engine.extra_args[{i}]", message, hint="give a JSON object, or --additional-config.KEY=VALUE")
-            for i, message in problems]
+            for i, message in extra_additional_config(list(config.engine.extra_args)).problems]
 
 
 def check_balance_scheduling(config: StackConfig, row: EngineRelease) -> list[Problem]:
@@ -389,7 +372,8 @@ def check_balance_scheduling(config: StackConfig, row: EngineRelease) -> list[Pr
             problems.append(Problem(f"engine.extra_env.{BALANCE_ENV}", "vLLM-Ascend reads it with int() at start-up "
                                     "(vllm_ascend/envs.py) and would stop on this value", env[:60],
                                     f"remove {BALANCE_ENV} from engine.extra_env (or set it to 0)"))
-    given = _extra_additional_config(list(config.engine.extra_args), BALANCE_KEY)
+    extra = extra_additional_config(list(config.engine.extra_args))
+    given = (extra.origin[BALANCE_KEY], extra.values[BALANCE_KEY]) if BALANCE_KEY in extra.values else None
     if given is not None and given[1]:
         problems.append(Problem(f"engine.extra_args[{given[0]}]", f"--additional-config {BALANCE_KEY} is on; {why}",
                                 str(given[1])[:60], f"remove {BALANCE_KEY} from the --additional-config of "

@@ -240,9 +240,9 @@ def engine_command(plan: Plan, rank: RankPlan) -> list[str]:
         argv += ["--compilation-config", _json(compilation)]
     argv += ["--kv-transfer-config", _json(kv_transfer_config(plan, rank))]
     # --additional-config keys of engine.extra_args merged into the kit's: a second option would replace it
-    user_config, rest, _ = extra_additional_config(list(plan.config["engine"].get("extra_args") or []))
-    extra = merge_config(additional_config(plan, inst), user_config)
+    user = extra_additional_config(list(plan.config["engine"].get("extra_args") or []))
+    extra = merge_config(additional_config(plan, inst), user.values)
     if extra:
         argv += ["--additional-config", _json(extra)]
-    argv += rest
+    argv += user.rest
     return argv

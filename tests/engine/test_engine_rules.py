@@ -452,3 +452,12 @@ def test_extra_additional_config_that_is_no_object_is_refused(edited_plan, args)
     with pytest.raises(ConfigError) as err:
         edited_plan("a2-staging", lambda c: c["engine"].update(extra_args=args))
     assert any(p.startswith("engine.extra_args[") for p in _paths(err.value))
+
+
+def test_dotted_additional_config_keys_stay_as_written() -> None:
+    """vLLM 0.23.0 turns `_` into `-` only before the first `.` (utils/argparse_utils.py): the key is the user's."""
+    from ascend_runtime.planner.engine_rules import extra_additional_config
+
+    got = extra_additional_config(["--additional_config.ascend_x.some_key=1", "--max_num_seqs", "4"])
+    assert got.values == {"ascend_x": {"some_key": 1}} and got.rest == ["--max_num_seqs", "4"]
+    assert got.origin == {"ascend_x": 0} and got.problems == []
