@@ -45,7 +45,9 @@ async def test_malformed_heads_are_counted_and_logged_without_tracebacks(stubs, 
     records = [r for r in caplog.records if r.name in ("ascend_runtime.proxy.http", "aiohttp.server")]
     assert not [r for r in records if r.exc_info], "a malformed head logged a traceback"
     warnings = [r for r in records if r.levelno >= logging.WARNING]
-    assert 1 <= len(warnings) <= 2, [r.getMessage() for r in warnings]  # one line per 10 s, whatever the count
+    # rate-limited: far fewer lines than refused heads (the exact one-per-interval rule is tested on a fake clock
+    # below, so this verdict does not depend on how long the 18 connections took)
+    assert 1 <= len(warnings) < len(BAD_HEADS) * 3 // 2, [r.getMessage() for r in warnings]
     assert "refused a malformed HTTP request" in warnings[0].getMessage()
     assert p.engine.requests == [] and d.engine.requests == []
 
