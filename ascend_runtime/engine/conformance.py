@@ -88,7 +88,17 @@ def additional_config_violations(config: Mapping[str, Any], surface: EngineSurfa
 
 
 def kv_transfer_violations(config: Mapping[str, Any], surface: EngineSurface, where: str) -> list[str]:
-    """The connector is registered in the release and the module path is the one it registers."""
+    """The connector is registered in the release, and a ``kv_connector_module_path``, if given, loads it.
+
+    vLLM 0.23.0 (vllm/distributed/kv_transfer/kv_connector/factory.py ``get_connector_class``) tries an
+    external module path *before* its registry: it imports the module and takes the attribute named
+    ``kv_connector`` from it, raising ``AttributeError`` when there is none. vLLM-Ascend registers
+    ``MooncakeConnectorV1`` for the class ``MooncakeConnector``
+    (vllm_ascend/distributed/kv_transfer/__init__.py, v0.23.0), so the registry name next to its own module
+    path stops every rank while its config is built. (vLLM 0.11.0's factory reads the registry first, so
+    the path is ignored there; the rule holds for both.) The kit renders no module path: the release's
+    ``vllm.general_plugins`` entry point registers the name in every process.
+    """
     out = []
     name = config.get("kv_connector")
     module = config.get("kv_connector_module_path")
@@ -98,6 +108,12 @@ def kv_transfer_violations(config: Mapping[str, Any], surface: EngineSurface, wh
         out.append(
             f"{where}: kv_connector_module_path {module!r} is not where vLLM-Ascend {surface.release} "
             f"registers {name} ({surface.kv_connectors[name]})"
+        )
+    elif module is not None and surface.kv_connector_classes.get(name, name) != name:
+        out.append(
+            f"{where}: with kv_connector_module_path, vLLM {surface.vllm_version} loads the class named "
+            f"{name!r} from {module}, which defines {surface.kv_connector_classes[name]!r}: the rank would stop "
+            f"at start-up; drop kv_connector_module_path (the registry name is enough)"
         )
     if module is not None and module not in surface.connector_modules:
         out.append(f"{where}: module {module!r} does not exist in vLLM-Ascend {surface.release}")

@@ -36,7 +36,8 @@ RedundancyForm = Literal["init_redundancy_expert", "eplb_config"]
 IMAGE_REPOSITORY = "quay.io/ascend/vllm-ascend"
 #: Image tag suffix per hardware: the plain tag is built on the 910B CANN image (Dockerfile);
 #: A3 (910C, CloudMatrix 384) needs the ``-a3`` image (Dockerfile.a3,
-#: .github/workflows/image_a3_ubuntu.yml ``type=pep440,pattern={{raw}},suffix=-a3``; v0.11.0 and v0.23.0).
+#: v0.11.0 .github/workflows/image_a3_ubuntu.yml ``type=pep440,pattern={{raw}},suffix=-a3``; v0.23.0
+#: .github/workflows/schedule_image_build_and_push.yaml, ``dockerfile: Dockerfile.a3`` with ``suffix: 'a3'``).
 IMAGE_SUFFIX: Mapping[str, str] = MappingProxyType({"atlas-800i-a2": "", "cm384": "-a3"})
 
 

@@ -46,6 +46,8 @@ class EngineSurface:
     #: values ``--speculative-config`` ``method`` accepts, and the deprecated ones vLLM rewrites (old -> new).
     speculative_methods: frozenset[str] = frozenset()
     speculative_method_rewrites: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: registry name -> the class it registers (``KVConnectorFactory.register_connector(name, module, class)``).
+    kv_connector_classes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def exposed_metric_names(self) -> frozenset[str]:
         """Sample names that appear on ``/metrics``: a gauge's own name, ``_total`` of a counter,
@@ -124,6 +126,7 @@ def _from_json(data: Mapping[str, Any]) -> EngineSurface:
         cudagraph_modes=frozenset(data["cudagraph_modes"]),
         speculative_methods=frozenset(data["speculative_methods"]),
         speculative_method_rewrites=_frozen_map(data["speculative_method_rewrites"]),
+        kv_connector_classes=_frozen_map({k: v["class"] for k, v in data.get("kv_connector_details", {}).items()}),
     )
 
 

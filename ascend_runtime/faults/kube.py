@@ -11,6 +11,7 @@ an explicit base URL and bearer token.
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
 import time
@@ -95,11 +96,18 @@ class KubeClient:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
 
     async def _request(self, method: str, path: str, body: Any = None,
-                       params: dict[str, str] | None = None) -> tuple[int, Any]:
+                       params: dict[str, str] | None = None, content_type: str | None = None) -> tuple[int, Any]:
+        """One call; ``body`` is sent as JSON, under ``content_type`` when given (a PATCH needs one of the
+        patch types, see :meth:`merge_patch`)."""
         url = self.auth.base_url + path
+        headers = self.auth.headers()
+        kwargs: dict[str, Any] = {"json": body}
+        if content_type is not None:
+            headers = {**headers, "Content-Type": content_type}
+            kwargs = {"data": json.dumps(body).encode()}
         try:
-            async with self.session.request(method, url, json=body, params=params, headers=self.auth.headers(),
-                                            ssl=self.auth.ssl_context, timeout=self.timeout) as resp:
+            async with self.session.request(method, url, params=params, headers=headers,
+                                            ssl=self.auth.ssl_context, timeout=self.timeout, **kwargs) as resp:
                 text = await resp.text()
                 try:
                     data = await resp.json(content_type=None) if text else None
@@ -108,6 +116,13 @@ class KubeClient:
                 return resp.status, data
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise KubeError(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+
+    async def merge_patch(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        """A JSON merge patch (RFC 7386) of the object at ``path``. The API server refuses a PATCH whose
+        Content-Type is not a patch type with 415 (k8s.io/apiserver pkg/endpoints/handlers/patch.go
+        ``PatchResource``); a merge patch works on built-in kinds and custom resources alike (a strategic
+        merge patch does not apply to custom resources such as a LeaderWorkerSet)."""
+        return await self._request("PATCH", path, body, content_type="application/merge-patch+json")
 
     async def get(self, path: str) -> dict[str, Any] | None:
         """The object at ``path``, None on 404; KubeError otherwise."""

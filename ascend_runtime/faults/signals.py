@@ -83,6 +83,11 @@ RECOVERING_SUFFIX = "-Recovering"
 FAULT_LIST_SUFFIX = "-Fault"
 NODE_INFO_PREFIX = "mindx-dl-nodeinfo-"
 NODE_INFO_NAMESPACE = "mindx-dl"
+#: Where Events about a Node go. A Node is cluster-scoped, so its Events carry no involved-object
+#: namespace, and the API server accepts such an Event (no ``eventTime``, as these are) only in
+#: namespace ``""`` / ``default`` (Kubernetes ``legacyValidateEvent``, pkg/apis/core/validation/events.go;
+#: the kubelet posts its Node Events there too). Any other namespace is refused with 422.
+NODE_EVENT_NAMESPACE = "default"
 NODE_INFO_KEY = "NodeInfo"
 NODED_UNHEALTHY = "UnHealthy"
 NODED_PRESEPARATE = "PreSeparate"

@@ -32,8 +32,7 @@ class KubeBackend:
 
     async def _patch(self, w: Workload, replicas: int) -> None:
         path = w.path(self.namespace)
-        status, data = await self.kube._request(  # noqa: SLF001 - the shared client's one request primitive
-            "PATCH", path, body={"spec": {"replicas": replicas}})
+        status, data = await self.kube.merge_patch(path, {"spec": {"replicas": replicas}})
         if status != 200:
             raise ActuationError(f"PATCH {path} replicas={replicas}: HTTP {status}: {data}")
 

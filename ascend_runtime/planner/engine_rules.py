@@ -41,8 +41,8 @@ def graph_mode_on(config: StackConfig, role: Role) -> bool:
 def check_image(config: StackConfig, row: EngineRelease) -> list[Problem]:
     """An explicit image of the project's repository matches the release and the hardware's CANN base.
 
-    The plain tag is built on the 910B CANN image, ``-a3`` on the A3 one (Dockerfile / Dockerfile.a3 and
-    .github/workflows/image_a3_ubuntu.yml of the release tag).
+    The plain tag is built on the 910B CANN image, ``-a3`` on the A3 one (Dockerfile / Dockerfile.a3; the
+    suffix in .github/workflows/image_a3_ubuntu.yml at v0.11.0, schedule_image_build_and_push.yaml at v0.23.0).
     """
     image = config.engine.image
     if not image:

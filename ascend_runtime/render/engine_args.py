@@ -117,7 +117,12 @@ def api_server_count(plan: Plan, inst: InstancePlan) -> int | None:
 
 
 def kv_transfer_config(plan: Plan, rank: RankPlan) -> dict[str, Any]:
-    """``--kv-transfer-config`` of a rank (the rank's own kv_port and engine_id from the Plan)."""
+    """``--kv-transfer-config`` of a rank (the rank's own kv_port and engine_id from the Plan).
+
+    No ``kv_connector_module_path``: the release registers the connector by name from its
+    ``vllm.general_plugins`` entry point, and vLLM 0.23.0 would look the registry *name* up as a class in
+    an explicit module path, which the Mooncake module does not define (engine/conformance.py
+    ``kv_transfer_violations``)."""
     conn = connector(plan)
     config: dict[str, Any] = {
         "kv_connector": conn.kv_connector,
@@ -126,7 +131,6 @@ def kv_transfer_config(plan: Plan, rank: RankPlan) -> dict[str, Any]:
         "kv_parallel_size": 1,
         "kv_port": str(rank.kv_port),
         "engine_id": rank.engine_id,
-        "kv_connector_module_path": conn.module_path,
     }
     if conn.extra_config:
         prefill, decode = plan.config["prefill"], plan.config["decode"]

@@ -261,7 +261,7 @@ def flag_cases(fx: Path) -> list[Case]:
         Case("names", "faults-noded-namespace", ("faults", "watch", "--stack", "local", "--proxy", "http://127.0.0.1:9",
                                                  "--noded-namespace", "$(id)"), "--noded-namespace", ("DNS-1123",)),
         Case("names", "faults-event-namespace", ("faults", "watch", "--stack", "local", "--proxy", "http://127.0.0.1:9",
-                                                 "--event-namespace", "A_B"), "--event-namespace", ("'a-b'",)),
+                                                 "--event-namespace", "A_B"), "--event-namespace", ("'default'",)),
         Case("names", "faults-token-env", ("faults", "watch", "--stack", "local", "--proxy", "http://127.0.0.1:9",
                                            "--token-env", "a b"), "--token-env", ("environment variable",)),
         Case("names", "faults-stack-empty", ("faults", "watch", "--stack", "", "--proxy", "http://127.0.0.1:9"), "--stack",

@@ -214,6 +214,12 @@ def test_pods_exclusive_per_node_and_on_the_plans_nodes(k8s_run: Run) -> None:
 # --- the worker script under bash --------------------------------------------------------------------
 
 
+#: stands in for coreutils ``timeout`` in the script's TCP probe of the leader's DP port: records, succeeds
+STUB_TIMEOUT = """#!/usr/bin/env bash
+printf '%s\\0' "$@" >> "$STUB_OUT/probes"
+"""
+
+
 def _run_worker(script: str, tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, Path]:
     run_dir = tmp_path / f"run-{len(list(tmp_path.glob('run-*')))}"
     out = run_dir / "out"
@@ -221,8 +227,9 @@ def _run_worker(script: str, tmp_path: Path, env: dict[str, str]) -> tuple[subpr
     bin_dir = tmp_path / "bin"
     if not bin_dir.exists():
         bin_dir.mkdir()
-        (bin_dir / "vllm").write_text(STUB_VLLM)
-        (bin_dir / "vllm").chmod(0o755)
+        for name, text in (("vllm", STUB_VLLM), ("timeout", STUB_TIMEOUT)):
+            (bin_dir / name).write_text(text)
+            (bin_dir / name).chmod(0o755)
     (run_dir / "worker.sh").write_text(script)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_DEPLOY_", "LWS_"))}
     full = {**base, "PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_OUT": str(out), "ASCEND_DEPLOY_CHECK_FILES": "0", **env}
@@ -250,6 +257,9 @@ def check_worker_script(plan: Plan, inst: Any, script: str, tmp_path: Path) -> i
             result, out = _run_worker(script, tmp_path, {ENV_WORKER_INDEX: str(rank.index), ENV_GROUP_SIZE: str(size),
                                                          WORKER_NODE_ENV: node_rank.node})
             assert result.returncode == 0, (rank.name, node_rank.node, result.stderr)
+            # the engine started after the wait for the leader's DP handshake port (--data-parallel-address/rpc-port)
+            probe = (out / "probes").read_text().split("\0")
+            assert probe[4:7] == ["dp-rpc", inst.api_host, str(inst.dp_rpc_port)], probe[:8]
             argv, env = _read(out)
             assert argv == engine_command(plan, rank), (rank.name, node_rank.node)
             assert argv[argv.index("--data-parallel-start-rank") + 1] == str(rank.dp_start_rank)

@@ -45,8 +45,9 @@ COMMITTED_STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in (ROOT / 
 SPAN = re.compile(r"`([^`\n]+)`")
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 NAMESPACE = "ascend-deepseek:"
-#: namespaces of other software a runbook reads (MindCluster, the LWS controller, the device plugin)
-EXTERNAL_NAMESPACES = {"kube-system", "mindx-dl", "lws-system"}
+#: namespaces of other software a runbook reads (MindCluster, the LWS controller, the device plugin), and
+#: ``default``, where the API server keeps Events about Nodes (faults/signals.py NODE_EVENT_NAMESPACE)
+EXTERNAL_NAMESPACES = {"kube-system", "mindx-dl", "lws-system", "default"}
 #: pod labels set by the LeaderWorkerSet controller, not by the kit (lws v0.10.0 `api/.../leaderworkerset_types.go`)
 CONTROLLER_LABEL_PREFIXES = ("leaderworkerset.sigs.k8s.io/",)
 

@@ -139,6 +139,20 @@ def test_connector_module_of_another_release_is_caught(plans: dict[str, Plan], m
     assert any("kv_connector_module_path" in v for v in conformance.plan_violations(plan))
 
 
+@pytest.mark.parametrize("release", ["0.23.0", "0.11.0"])
+def test_registry_name_with_its_own_module_path_is_refused(release: str) -> None:
+    """vLLM 0.23.0 takes the class named kv_connector from an explicit module path before its registry
+    (factory.py get_connector_class); the Mooncake module defines MooncakeConnector, not the registry name
+    MooncakeConnectorV1, so that pair stops the engine. The registered name alone passes."""
+    surface = load_surface(release)
+    module = surface.kv_connectors["MooncakeConnectorV1"]
+    assert surface.kv_connector_classes["MooncakeConnectorV1"] == "MooncakeConnector"
+    bad = {"kv_connector": "MooncakeConnectorV1", "kv_connector_module_path": module}
+    found = conformance.kv_transfer_violations(bad, surface, "rank")
+    assert len(found) == 1 and "defines 'MooncakeConnector'" in found[0] and "drop kv_connector_module_path" in found[0]
+    assert conformance.kv_transfer_violations({"kv_connector": "MooncakeConnectorV1"}, surface, "rank") == []
+
+
 def test_misspelt_env_is_caught(plans: dict[str, Plan]) -> None:
     plan = plans["a2-staging"]
     cfg = json.loads(json.dumps(plan.config))

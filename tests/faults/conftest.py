@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 
 from ascend_runtime.faults.kube import KubeAuth, KubeClient
+from ascend_runtime.faults.signals import NODE_EVENT_NAMESPACE
 from ascend_runtime.faults.proxies import ProxyAdmin
 from ascend_runtime.faults.topology import Topology
 from ascend_runtime.faults.watcher import FaultWatcher, WatcherConfig
@@ -176,7 +177,7 @@ class System:
     def watcher(self, **overrides: Any) -> FaultWatcher:
         """Start the watcher (in this loop) against the fake API and both proxy replicas."""
         cfg = WatcherConfig(**{"interval_s": INTERVAL_S, "node_interval_s": INTERVAL_S, "settle_s": 0.0,
-                               "recheck_s": INTERVAL_S, "check_timeout_s": 1.0, "event_namespace": NAMESPACE,
+                               "recheck_s": INTERVAL_S, "check_timeout_s": 1.0, "event_namespace": NODE_EVENT_NAMESPACE,
                                "reporting_instance": "ascend-fault-watcher-test", **overrides})
         kube = KubeClient(KubeAuth(self.fake.url, token=self.fake.token), self.session, timeout_s=2.0)
         admin = ProxyAdmin(self.session, ADMIN_TOKEN, static=self.proxy_urls, timeout_s=2.0)

@@ -9,8 +9,8 @@ It serves exactly what the watcher calls, over real HTTP:
   NodeD's ``ConfigMapReporter.constructNodeInfoCM``, which deletes the ConfigMap when healthy);
 * ``GET /apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector=...``;
 * ``POST /api/v1/namespaces/{ns}/events``: every Event is validated as a core/v1 Event with
-  kubernetes-validate (422 if it is not one), must have a new name (409), and is kept in
-  :attr:`events`.
+  kubernetes-validate (422 if it is not one), must pass the API server's namespace rule for Events
+  (422, :func:`event_namespace_problem`), must have a new name (409), and is kept in :attr:`events`.
 
 Every call needs ``Authorization: Bearer <token>`` (401). With :meth:`restrict` it answers 403
 to whatever the given RBAC rules do not allow, the way the API server's RBAC authorizer treats
@@ -35,6 +35,22 @@ from tests.kube_api_double import kube_status, serve_on_loopback
 
 K8S_VERSION = "1.30"
 
+
+
+def event_namespace_problem(event: dict[str, Any], ns: str) -> str | None:
+    """The API server's namespace rule for core/v1 Events (Kubernetes ``legacyValidateEvent``,
+    pkg/apis/core/validation/events.go, as in 1.30): without ``eventTime``, an Event whose
+    ``involvedObject`` has no namespace (a Node: cluster-scoped) must be in namespace ``""`` or
+    ``default``, otherwise the two namespaces must be equal; with ``eventTime``, such an Event must be
+    in ``default`` or ``kube-system``."""
+    involved = (event.get("involvedObject") or {}).get("namespace") or ""
+    event_ns = (event.get("metadata") or {}).get("namespace") or ns
+    allowed = ("", "default") if not event.get("eventTime") else ("default", "kube-system")
+    if not involved and event_ns not in allowed:
+        return f'involvedObject.namespace: Invalid value: "": does not match event.namespace ({event_ns!r})'
+    if involved and not event.get("eventTime") and involved != event_ns:
+        return f'involvedObject.namespace: Invalid value: "{involved}": does not match event.namespace'
+    return None
 
 @dataclass
 class Rule:
@@ -103,10 +119,12 @@ class FakeKubernetesApi:
         """Answer 403 to every call these rules do not allow."""
         self.rules = rules
 
-    def bind(self, cluster_role_rules: list[dict[str, Any]], role_rules: list[dict[str, Any]], namespace: str) -> None:
-        """Restrict to a ClusterRole bound cluster-wide plus a Role bound in ``namespace`` (RBAC rule dicts)."""
+    def bind(self, cluster_role_rules: list[dict[str, Any]], role_rules: list[dict[str, Any]], namespace: str,
+             other_roles: tuple[tuple[list[dict[str, Any]], str], ...] = ()) -> None:
+        """Restrict to a ClusterRole bound cluster-wide plus a Role bound in ``namespace`` (RBAC rule dicts),
+        and the Roles of ``other_roles`` (rules, namespace)."""
         out = []
-        for rules, ns in ((cluster_role_rules, None), (role_rules, namespace)):
+        for rules, ns in ((cluster_role_rules, None), (role_rules, namespace), *other_roles):
             for r in rules:
                 for group in r["apiGroups"]:
                     for res in r["resources"]:
@@ -161,6 +179,10 @@ class FakeKubernetesApi:
         except kubernetes_validate.ValidationError as exc:
             self.rejected_events.append((422, str(exc)))
             return kube_status(422, "Invalid", f"not a v1 Event: {exc}")
+        problem = event_namespace_problem(event, ns)
+        if problem:
+            self.rejected_events.append((422, problem))
+            return kube_status(422, "Invalid", problem)
         if event["metadata"].get("namespace") not in (None, ns):
             self.rejected_events.append((400, "namespace mismatch"))
             return kube_status(400, "BadRequest", "the namespace of the provided object does not match")

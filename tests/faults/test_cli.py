@@ -50,7 +50,7 @@ async def test_the_command_drains_a_faulted_instance(tmp_path: Path) -> None:
     try:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "ascend_runtime", "faults", "watch", "--topology", str(topo), "--proxy", proxy.url,
-            "--kube-api", fake.url, "--kube-token-env", "FAKE_KUBE_TOKEN", "--event-namespace", "deepseek",
+            "--kube-api", fake.url, "--kube-token-env", "FAKE_KUBE_TOKEN", "--event-namespace", "default",
             "--interval", "0.05", "--max-cycles", "3", env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         _, err = await asyncio.wait_for(proc.communicate(), 60)

@@ -95,7 +95,7 @@ async def test_link_fault_drains_within_two_cycles_and_in_flight_requests_finish
     (event,) = system.fake.events_with(REASON_DRAINED)
     assert event["involvedObject"]["kind"] == "Node" and event["involvedObject"]["name"] == "n-d0b"
     assert event["involvedObject"]["uid"] == system.fake.nodes["n-d0b"]["metadata"]["uid"]
-    assert event["type"] == "Warning" and event["metadata"]["namespace"] == "deepseek"
+    assert event["type"] == "Warning" and event["metadata"]["namespace"] == "default"
     assert "huawei.com/Ascend910-NetworkUnhealthy=Ascend910-5" in event["message"]
     assert "81078603 (SeparateNPU)" in event["message"]
     assert "decode-0 drained on 2 proxy replicas" in event["message"]

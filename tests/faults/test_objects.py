@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import tests.deploy.test_network_policy as netpol
+from tests.deploy.test_program_objects import validate_object
 from ascend_runtime.cli import build_parser
 from ascend_runtime.faults import signals
 from ascend_runtime.faults.topology import Topology
@@ -50,11 +51,18 @@ def _one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict
 def test_objects_validate(stack: str) -> None:
     plan = load_plan(stack)
     objs = _objs(stack)
+    operator = plan.config["kubernetes"]["prometheus_operator"]
     assert [o["kind"] for o in objs] == ["Secret", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-                                         "RoleBinding", "ConfigMap", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy",
-                                         "Deployment", "Service"]
-    for obj in objs:
-        kubernetes_validate.validate(obj, plan.config["kubernetes"]["version"], strict=True)
+                                         "RoleBinding", "Role", "RoleBinding", "ConfigMap", "NetworkPolicy",
+                                         "NetworkPolicy", "NetworkPolicy", "Deployment", "Service",
+                                         *(["PodMonitor"] if operator else [])]
+    for obj in objs:  # the PodMonitor against prometheus-operator's CRD schema
+        validate_object(obj, plan.config["kubernetes"]["version"])
+    if operator:  # it scrapes the watcher's own pods on the container port named "metrics"
+        monitor, deployment = _one(objs, "PodMonitor"), _one(objs, "Deployment")
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+        ports = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+        assert monitor["spec"]["podMetricsEndpoints"][0]["port"] in [p["name"] for p in ports]
     broken = json.loads(json.dumps(_one(objs, "ClusterRole")))
     broken["rules"][0]["verb"] = ["get"]
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -84,12 +92,19 @@ def test_rbac_is_get_by_name_plus_events_and_endpointslices(stack: str) -> None:
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}]
-    assert _one(objs, "Role")["rules"] == [
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},
-    ]
-    assert _one(objs, "RoleBinding")["metadata"]["namespace"] == ns
-    for rule in role["rules"] + _one(objs, "Role")["rules"]:
+    roles = {o["metadata"]["namespace"]: o for o in objs if o["kind"] == "Role"}
+    bindings = {o["metadata"]["namespace"]: o for o in objs if o["kind"] == "RoleBinding"}
+    assert roles[ns]["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}]
+    # Node Events are taken by the API server only in "default" (faults/signals.py NODE_EVENT_NAMESPACE), so
+    # the Role that lets the watcher post them lives there, named after the serving namespace
+    assert roles["default"]["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    assert roles["default"]["metadata"]["name"] == role["metadata"]["name"]
+    assert set(bindings) == {ns, "default"}
+    assert bindings["default"]["roleRef"]["name"] == roles["default"]["metadata"]["name"]
+    assert bindings["default"]["subjects"] == [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}]
+    command = _one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--event-namespace") + 1] == "default"
+    for rule in role["rules"] + roles[ns]["rules"] + roles["default"]["rules"]:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
         assert not set(rule["verbs"]) & {"update", "patch", "delete", "watch", "deletecollection"}
 

@@ -147,13 +147,14 @@ def test_topology_from_a_plan_with_a_spare() -> None:
 async def test_a_failed_read_keeps_the_fault_and_rbac_of_the_objects_suffices() -> None:
     """The watcher under exactly the ClusterRole/Role of its objects: no call is denied; a read that
     fails (500) neither clears nor invents a fault; a rule removed is visible as denied reads."""
-    from ascend_runtime.render.objects.faults import namespace_rules, rules_for_nodes
+    from ascend_runtime.render.objects.faults import event_rules, namespace_rules, rules_for_nodes
 
     fake = FakeKubernetesApi()
     await fake.start()
     for node in TOPOLOGY.nodes:
         fake.add_node(node)
-    fake.bind(rules_for_nodes(list(TOPOLOGY.nodes)), namespace_rules(), "deepseek")
+    events_role = ((event_rules(), signals.NODE_EVENT_NAMESPACE),)
+    fake.bind(rules_for_nodes(list(TOPOLOGY.nodes)), namespace_rules(), "deepseek", events_role)
     fake.endpointslices[("deepseek", "pd-proxy")] = [
         {"endpoints": [{"addresses": ["10.1.0.7"], "conditions": {"ready": True}},
                        {"addresses": ["10.1.0.8"], "conditions": {"ready": False}},
@@ -163,7 +164,7 @@ async def test_a_failed_read_keeps_the_fault_and_rbac_of_the_objects_suffices() 
         admin = ProxyAdmin(session, "t", service=ProxyService.parse("deepseek/pd-proxy:9000"), kube=kube, timeout_s=0.2)
         assert await admin.replicas() == ["http://10.1.0.7:9000", "http://10.1.0.8:9000"]
         admin.service = None  # no proxies to talk to in this test
-        w = FaultWatcher(TOPOLOGY, kube, admin, WatcherConfig(event_namespace="deepseek"), session)
+        w = FaultWatcher(TOPOLOGY, kube, admin, WatcherConfig(event_namespace=signals.NODE_EVENT_NAMESPACE), session)
         fake.set_device_info("n-d1", unhealthy=("Ascend910-0",))
         await w.run_cycle()
         assert w.nodes["n-d1"].faulted and "decode-1" in w.drains
@@ -179,7 +180,7 @@ async def test_a_failed_read_keeps_the_fault_and_rbac_of_the_objects_suffices() 
         await w.close()
         assert fake.denied == [] and fake.events and fake.rejected_events == []
         # the restriction is real: without the ConfigMap rule every device plugin read is denied
-        fake.bind(rules_for_nodes(list(TOPOLOGY.nodes))[:1], namespace_rules(), "deepseek")
+        fake.bind(rules_for_nodes(list(TOPOLOGY.nodes))[:1], namespace_rules(), "deepseek", events_role)
         await w.run_cycle()
         assert len([d for d in fake.denied if "configmaps" in d[1]]) == 2 * len(TOPOLOGY.nodes)
     await fake.stop()

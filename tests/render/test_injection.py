@@ -151,11 +151,18 @@ env -0 > "$STUB_OUT/env"
 """
 
 
+#: stands in for coreutils ``timeout`` (the scripts' TCP probes of the leader): records its words, succeeds
+STUB_TIMEOUT = """#!/usr/bin/env bash
+printf '%s\\0' "$@" >> "$STUB_OUT/probes"
+"""
+
+
 def _stub_bin(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "vllm").write_text(STUB_VLLM)
-    (bin_dir / "vllm").chmod(0o755)
+    for name, text in (("vllm", STUB_VLLM), ("timeout", STUB_TIMEOUT)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
     return bin_dir
 
 
@@ -196,6 +203,10 @@ def test_launch_scripts_with_metacharacters_run_inert(stack: str, make, tmp_path
             assert got.get(key) == value, (rank.name, key)
         assert got["EXTRA_VALUE"] == make("env")
         assert rank.node in result.stderr  # the start line prints the node name verbatim
+        if not rank.is_leader:  # the wait for the leader's DP port probed the Plan's host and port, verbatim
+            inst = plan.instance(rank.instance)
+            words = (out / "probes").read_text().split("\0")
+            assert words[4:7] == ["dp-rpc", inst.api_host, str(inst.dp_rpc_port)], words[:8]
 
 
 def test_metacharacters_in_env_names_stop_the_script_inert(tmp_path: Path) -> None:

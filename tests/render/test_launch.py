@@ -128,10 +128,8 @@ def test_headless_rank_exits_when_leader_goes_away(edited_plan, tmp_path: Path) 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _fake_vllm(bin_dir, log)
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind((leader_host, port))
-    server.listen(16)
+    server = _listen(leader_host, port)
+    dp_port = _listen(leader_host, plan.instance("prefill-0").dp_rpc_port)  # the leader's DP handshake port
     proc = _run(script, bin_dir)
     try:
         deadline = time.monotonic() + 10
@@ -156,8 +154,54 @@ def test_headless_rank_exits_when_leader_goes_away(edited_plan, tmp_path: Path) 
             pytest.fail("the engine was not stopped")
     finally:
         server.close()
+        dp_port.close()
         if proc.poll() is None:
             proc.kill()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((host, port))
+    server.listen(16)
+    return server
+
+
+def test_headless_rank_starts_its_engine_once_the_leaders_dp_port_opens(edited_plan, tmp_path: Path) -> None:
+    """vLLM 0.23.0's engine gives up on the leader's handshake after 5 minutes (vllm/v1/engine/core.py
+    HANDSHAKE_TIMEOUT_MINS): a headless rank starts its engine only once --data-parallel-rpc-port accepts
+    connections, and exits 75 without starting it when the port stays closed for the startup budget."""
+    leader_host = "127.0.1.1"
+    plan = edited_plan("local", lambda c: c["ports"].update(api_base=_free_port(leader_host),
+                                                            dp_rpc_base=_free_port(leader_host)))
+    inst = plan.instance("prefill-0")
+    script = tmp_path / "headless.sh"
+    script.write_text(launch_script(plan, inst.ranks[1]))
+    (tmp_path / LEADER_WATCH).write_text(leader_watch_script())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "vllm.log"
+    _fake_vllm(bin_dir, log, exit_after=0.2)
+    proc = _run(script, bin_dir)
+    try:
+        time.sleep(1.5)
+        assert proc.poll() is None and not log.exists()  # waiting: the engine is not started before the leader
+        dp_port = _listen(leader_host, inst.dp_rpc_port)
+        api = _listen(leader_host, inst.api_port)
+        try:
+            assert proc.wait(timeout=30) == 3  # the engine ran (and exited 3): the rank ends with its status
+        finally:
+            dp_port.close()
+            api.close()
+        assert "--headless" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log.unlink()
+    env_budget = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "ASCEND_DEPLOY_CHECK_FILES": "0",
+                  "ASCEND_DEPLOY_LEADER_POLL_S": "0.2", "ASCEND_DEPLOY_STARTUP_TIMEOUT_S": "1"}
+    done = subprocess.run(["bash", str(script)], env=env_budget, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 75 and "did not open" in done.stderr and not log.exists()
 
 
 def test_hccn_conf_from_inventory_and_plan(plans: dict[str, Plan]) -> None:

@@ -11,6 +11,7 @@ import sys
 
 from ascend_runtime import eventloop
 from ascend_runtime.cli.stackargs import env_secret, input_error, path_arg, path_type
+from ascend_runtime.faults.signals import NODE_EVENT_NAMESPACE
 
 PROXY_TOKEN_ENV = "ASCEND_PROXY_TOKEN"
 
@@ -40,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     k.add_argument("--kube-api", metavar="URL", help="API server base URL")
     k.add_argument("--kube-token-env", metavar="VAR", help="environment variable holding a bearer token for --kube-api")
     k.add_argument("--kube-context", help="kubeconfig context")
-    k.add_argument("--event-namespace", help="namespace of the Events (default: the stack's kubernetes.namespace)")
+    k.add_argument("--event-namespace", default=NODE_EVENT_NAMESPACE,
+                   help=f"namespace of the Events about nodes: only {NODE_EVENT_NAMESPACE} (the API server refuses Node "
+                        "Events elsewhere)")
     k.add_argument("--no-events", action="store_true", help="post no Events")
     k.add_argument("--device-plugin-namespace", default="kube-system",
                    help="namespace of mindx-dl-deviceinfo-<node> (default kube-system)")
@@ -59,6 +62,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     w.add_argument("--max-cycles", type=int, help="stop after this many cycles")
     w.add_argument("--log-level", default="INFO")
     w.set_defaults(func=cmd_watch)
+
+
+def check_event_namespace(value: str) -> int | None:
+    """``--event-namespace``: the one namespace the API server takes Node Events in (signals.py)."""
+    if value != NODE_EVENT_NAMESPACE:
+        return input_error("--event-namespace", f"{value[:60]!r}: Events about a node are accepted by the Kubernetes "
+                           f"API server only in namespace {NODE_EVENT_NAMESPACE!r} (a Node has no namespace); "
+                           f"leave the option out, or use --no-events")
+    return None
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -94,7 +106,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         check_http_url("--kube-api", args.kube_api),
         check_env_name("--token-env", args.token_env),
         check_env_name("--kube-token-env", args.kube_token_env),
-        check_dns_label("--event-namespace", args.event_namespace),
+        check_event_namespace(args.event_namespace),
         check_dns_label("--device-plugin-namespace", args.device_plugin_namespace),
         check_dns_label("--noded-namespace", args.noded_namespace),
         check_bind_host("--metrics-host", args.metrics_host) if args.metrics_port is not None else None,
@@ -162,7 +174,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - the kubeconfig loader raises several kinds
         return input_error("--kube-api", f"no Kubernetes API: not in a pod and the kubeconfig failed ({exc}); "
                                   "give --kube-api URL or a kubeconfig")
-    event_ns = None if args.no_events else (args.event_namespace or namespace)
+    event_ns = None if args.no_events else args.event_namespace
     cfg = WatcherConfig(
         interval_s=args.interval, node_interval_s=args.node_interval, settle_s=args.settle, recheck_s=args.recheck,
         check_timeout_s=args.check_timeout, event_namespace=event_ns,

@@ -106,6 +106,17 @@ def single_deployment(ctx: Context, name: str, component: str, selector: dict[st
                      "template": {"metadata": {"labels": meta["labels"]}, "spec": pod_spec}}}
 
 
+def controller_monitor(ctx: Context, name: str, component: str, selector: dict[str, str]) -> list[K8sObject]:
+    """A PodMonitor scraping the controller's ``metrics`` container port (prometheus-operator v0.93.0
+    ``monitoring.coreos.com/v1``), when the stack runs the operator; else nothing."""
+    if not ctx.k8s["prometheus_operator"]:
+        return []
+    return [{"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+             "metadata": metadata(ctx, name, component, selector),
+             "spec": {"selector": {"matchLabels": dict(selector)},
+                      "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s"}]}}]
+
+
 def metrics_service(ctx: Context, name: str, component: str, selector: dict[str, str], port: int) -> K8sObject:
     """ClusterIP Service of the controller's ``metrics`` port (Prometheus scrapes it)."""
     return {"apiVersion": "v1", "kind": "Service", "metadata": metadata(ctx, name, component, selector),

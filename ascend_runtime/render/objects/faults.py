@@ -46,6 +46,7 @@ from ascend_runtime.render.objects.controller import (
     OFF_SERVING_NODES,
     RBAC,
     controller_container,
+    controller_monitor,
     controller_pod_spec,
     metrics_service,
     role_with_binding,
@@ -95,10 +96,25 @@ def rules_for_nodes(nodes: list[str]) -> list[dict[str, Any]]:
 
 
 def namespace_rules() -> list[dict[str, Any]]:
-    """Events about nodes (posted in the serving namespace) and the proxy Service's EndpointSlices."""
+    """The proxy Service's EndpointSlices, in the serving namespace."""
+    return [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}]
+
+
+def event_rules() -> list[dict[str, Any]]:
+    """Events about nodes, in ``signals.NODE_EVENT_NAMESPACE`` (the only namespace the API server takes them in)."""
+    return [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+
+
+def event_role_objects(ctx: Context, selector: dict[str, str]) -> list[K8sObject]:
+    """Role and RoleBinding in ``default`` letting the watcher post Node Events there; named after the serving
+    namespace, like the ClusterRole, so two stacks in one cluster keep their own."""
+    name = cluster_role_name(ctx)
+    meta = {**metadata(ctx, name, COMPONENT, selector), "namespace": signals.NODE_EVENT_NAMESPACE}
+    subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": ctx.namespace}]
     return [
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},
+        {"apiVersion": f"{RBAC}/v1", "kind": "Role", "metadata": meta, "rules": event_rules()},
+        {"apiVersion": f"{RBAC}/v1", "kind": "RoleBinding", "metadata": dict(meta),
+         "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": name}, "subjects": subject},
     ]
 
 
@@ -106,7 +122,7 @@ def watch_command(ctx: Context) -> list[str]:
     """``ascend-deploy faults watch`` argv of the pod."""
     return ["ascend-deploy", "faults", "watch", "--topology", f"{TOPOLOGY_DIR}/{TOPOLOGY_KEY}",
             "--proxy-service", f"{ctx.namespace}/{PROXY_NAME}:{ctx.plan.proxy_port}",
-            "--token-env", PROXY_TOKEN_ENV, "--event-namespace", ctx.namespace,
+            "--token-env", PROXY_TOKEN_ENV, "--event-namespace", signals.NODE_EVENT_NAMESPACE,
             "--device-plugin-namespace", signals.DEVICE_INFO_NAMESPACE,
             "--noded-namespace", signals.NODE_INFO_NAMESPACE,
             # the CLI binds 127.0.0.1 by default; Prometheus and the kubelet's probes use the pod IP
@@ -146,9 +162,11 @@ def fault_watcher_objects(plan: Plan, proxy_token: bool, secrets: frozenset[str]
         {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRoleBinding", "metadata": cluster_meta,
          "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": cluster_role_name(ctx)}, "subjects": subject},
         *role_with_binding(ctx, NAME, COMPONENT, selector, namespace_rules()),
+        *event_role_objects(ctx, selector),
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(TOPOLOGY_CONFIGMAP),
          "data": {TOPOLOGY_KEY: json.dumps(topology, indent=2, sort_keys=True) + "\n"}},
         *network_policies(ctx),
         single_deployment(ctx, NAME, COMPONENT, selector, pod_spec),
         metrics_service(ctx, NAME, COMPONENT, selector, METRICS_PORT),
+        *controller_monitor(ctx, NAME, COMPONENT, selector),
     ]

@@ -16,7 +16,11 @@ from ascend_runtime.render.objects.common import (
     K8sObject,
     metadata,
 )
+from ascend_runtime.render.objects.balancer import has_role as balancer_deployed
 from ascend_runtime.render.paths import templates_dir
+
+#: the balancer daemon's metric names (balancer/daemon.py)
+BALANCER_METRIC_PREFIX = "ascend_balancer_"
 
 DASHBOARD_TEMPLATE = "grafana-dashboard.json.j2"  # in templates_dir()
 COMPONENT = "monitoring"
@@ -39,8 +43,17 @@ def dashboard_json(ctx: Context) -> str:
         prefill_npus=max(1, sum(i.npus for i in ctx.plan.by_role("prefill"))),
     )
     doc = json.loads(text)
-    doc.setdefault("panels", []).append(balancer_heat_panel(ctx.namespace, doc["panels"]))
+    panels = doc.setdefault("panels", [])
+    if balancer_deployed(ctx):
+        panels.append(balancer_heat_panel(ctx.namespace, panels))
+    else:  # no daemon exports ascend_balancer_* (balancer.has_role): no panel that would stay empty
+        doc["panels"] = [p for p in panels if not _reads_balancer(p)]
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+def _reads_balancer(panel: dict[str, Any]) -> bool:
+    """Whether a panel plots the balancer daemon's metrics."""
+    return any(BALANCER_METRIC_PREFIX in t.get("expr", "") for t in panel.get("targets", []))
 
 
 def balancer_heat_panel(namespace: str, panels: list[dict[str, Any]]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from ascend_runtime.render.objects.common import (
 from ascend_runtime.render.objects.controller import (
     OFF_SERVING_NODES,
     controller_container,
+    controller_monitor,
     controller_pod_spec,
     role_with_binding,
     service_account,
@@ -151,4 +152,5 @@ def pdplanner_objects(ctx: Context) -> list[K8sObject]:
          "data": {PLAN_KEY: plan.to_json()}},
         *network_policies(ctx),
         single_deployment(ctx, NAME, COMPONENT, selector, pod_spec),
+        *controller_monitor(ctx, NAME, COMPONENT, selector),
     ]

@@ -101,7 +101,7 @@ engine_cmd=(
   --compilation-config
   '{"cudagraph_mode":"FULL_DECODE_ONLY"}'
   --kv-transfer-config
-  '{"engine_id":"a2-staging-decode-0-0","kv_buffer_device":"npu","kv_connector":"MooncakeConnectorV1","kv_connector_extra_config":{"decode":{"dp_size":32,"tp_size":1},"prefill":{"dp_size":2,"tp_size":8}},"kv_connector_module_path":"vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector","kv_parallel_size":1,"kv_port":"28016","kv_role":"kv_consumer"}'
+  '{"engine_id":"a2-staging-decode-0-0","kv_buffer_device":"npu","kv_connector":"MooncakeConnectorV1","kv_connector_extra_config":{"decode":{"dp_size":32,"tp_size":1},"prefill":{"dp_size":2,"tp_size":8}},"kv_parallel_size":1,"kv_port":"28016","kv_role":"kv_consumer"}'
   --additional-config
   '{"enable_mlapo":true,"finegrained_tp_config":{"mlp_tensor_parallel_size":8},"multistream_overlap_shared_expert":true,"recompute_scheduler_enable":true,"weight_nz_mode":1}'
 )

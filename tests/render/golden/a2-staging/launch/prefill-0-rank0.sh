@@ -101,7 +101,7 @@ engine_cmd=(
   --speculative-config
   '{"method":"mtp","num_speculative_tokens":1}'
   --kv-transfer-config
-  '{"engine_id":"a2-staging-prefill-0-0","kv_buffer_device":"npu","kv_connector":"MooncakeConnectorV1","kv_connector_extra_config":{"decode":{"dp_size":32,"tp_size":1},"prefill":{"dp_size":2,"tp_size":8}},"kv_connector_module_path":"vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector","kv_parallel_size":1,"kv_port":"28000","kv_role":"kv_producer"}'
+  '{"engine_id":"a2-staging-prefill-0-0","kv_buffer_device":"npu","kv_connector":"MooncakeConnectorV1","kv_connector_extra_config":{"decode":{"dp_size":32,"tp_size":1},"prefill":{"dp_size":2,"tp_size":8}},"kv_parallel_size":1,"kv_port":"28000","kv_role":"kv_producer"}'
   --additional-config
   '{"enable_flashcomm1":true,"enable_mlapo":false,"eplb_config":{"algorithm_execution_interval":5,"dynamic_eplb":true,"eplb_heat_collection_stage":"prefill","eplb_policy_type":2,"expert_heat_collection_interval":50,"num_redundant_experts":16},"weight_nz_mode":1}'
 )

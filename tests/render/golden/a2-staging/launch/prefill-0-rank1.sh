@@ -98,11 +98,29 @@ engine_cmd=(
   --speculative-config
   '{"method":"mtp","num_speculative_tokens":1}'
   --kv-transfer-config
-  '{"engine_id":"a2-staging-prefill-0-1","kv_buffer_device":"npu","kv_connector":"MooncakeConnectorV1","kv_connector_extra_config":{"decode":{"dp_size":32,"tp_size":1},"prefill":{"dp_size":2,"tp_size":8}},"kv_connector_module_path":"vllm_ascend.distributed.kv_transfer.kv_p2p.mooncake_connector","kv_parallel_size":1,"kv_port":"28000","kv_role":"kv_producer"}'
+  '{"engine_id":"a2-staging-prefill-0-1","kv_buffer_device":"npu","kv_connector":"MooncakeConnectorV1","kv_connector_extra_config":{"decode":{"dp_size":32,"tp_size":1},"prefill":{"dp_size":2,"tp_size":8}},"kv_parallel_size":1,"kv_port":"28000","kv_role":"kv_producer"}'
   --additional-config
   '{"enable_flashcomm1":true,"enable_mlapo":false,"eplb_config":{"algorithm_execution_interval":5,"dynamic_eplb":true,"eplb_heat_collection_stage":"prefill","eplb_policy_type":2,"expert_heat_collection_interval":50,"num_redundant_experts":16},"weight_nz_mode":1}'
 )
 
+# A headless engine's first act is its handshake with the leader's front end on --data-parallel-rpc-port,
+# and it gives up after 5 minutes (HANDSHAKE_TIMEOUT_MINS, vllm/v1/engine/core.py, vLLM 0.23.0) before any
+# weight is loaded. So the engine starts only once that port accepts connections (the leader binds it
+# before it starts its own engines, vllm/v1/engine/utils.py launch_core_engines): ranks may then start in
+# any order within the startup budget. Exit 75 (restart) if the leader is not there within it.
+readonly DP_LEADER_HOST=192.0.2.11
+readonly DP_RPC_PORT=13355
+readonly HANDSHAKE_WAIT_S=${ASCEND_DEPLOY_STARTUP_TIMEOUT_S:-3600}
+handshake_deadline=$((SECONDS + HANDSHAKE_WAIT_S))
+# the host and port are arguments of the inner shell, never part of its code
+# shellcheck disable=SC2016  # $1 and $2 expand in the inner shell
+until timeout 2 bash -c 'exec 3<>"/dev/tcp/$1/$2"' dp-rpc "$DP_LEADER_HOST" "$DP_RPC_PORT" 2>/dev/null; do
+  if [ "$SECONDS" -ge "$handshake_deadline" ]; then
+    echo "ascend-deploy: $RANK_NAME: the leader's DP port $DP_LEADER_HOST:$DP_RPC_PORT did not open within ${HANDSHAKE_WAIT_S}s" >&2
+    exit 75
+  fi
+  sleep "${ASCEND_DEPLOY_LEADER_POLL_S:-5}"
+done
 printf 'ascend-deploy: starting %s on %s (%s), devices %s\n' "$RANK_NAME" a2-node-02 192.0.2.12 "$ASCEND_RT_VISIBLE_DEVICES" >&2
 # Headless rank: start the engine, then watch the leader's API port 192.0.2.11:8000.
 # When the leader stops answering for POLL_FAILURES polls in a row (or never comes up within
