@@ -37,8 +37,10 @@ manifest pins: ``ascend_runtime/render/objects/device_plugin.py``), except the N
    faults) whose ``NodeStatus`` is ``UnHealthy`` for Separate/RestartRequest faults, and
    ``ManuallySeparateNPU`` (``DeviceInfoCMManuallySeparateNPUKey``): chips an escalation
    isolated. Documented in ``docs/en/scheduling/api/ascend_device_plugin.md``. The plugin
-   rewrites the ConfigMap every ``-listWatchPeriod`` seconds (default 5, range 3-1800,
-   ``main.go``).
+   checks the devices every ``-listWatchPeriod`` seconds (default 5, range 3-1800, ``main.go``) and
+   rewrites the ConfigMap when its content changed, otherwise at most every 5 minutes
+   (``defaultUpdateTimeInterval``, ``pkg/device/ascendcommon.go``); the watcher reads the content, not
+   ``UpdateTime``.
 
 2. **NodeD, per node**: ConfigMap ``mindx-dl-nodeinfo-<node>`` in ``mindx-dl``
    (``component/noded/pkg/common/constants.go`` ``NodeInfoCMNamePrefix``;

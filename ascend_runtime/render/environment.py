@@ -63,7 +63,7 @@ DEFAULT_STARTUP_TIMEOUT_S = 3600
 DEFAULT_BUFFSIZE_MB = {"prefill": 256, "decode": 1024}
 OMP_NUM_THREADS = 10  # the published recipes' value
 #: Variables that always follow the Plan; extra_env cannot change them.
-PINNED = ("HCCL_IF_IP", "ASCEND_RT_VISIBLE_DEVICES", "HCCL_INTRA_ROCE_ENABLE", "HCCL_INTRA_PCIE_ENABLE")
+PINNED = ("HCCL_IF_IP", "VLLM_HOST_IP", "ASCEND_RT_VISIBLE_DEVICES", "HCCL_INTRA_ROCE_ENABLE", "HCCL_INTRA_PCIE_ENABLE")
 
 
 def startup_budget_s(plan: Plan) -> int:
@@ -109,6 +109,11 @@ def rank_env(plan: Plan, rank: RankPlan) -> dict[str, str]:
     intra = hccl_intra(plan, rank.role)
     env: dict[str, str] = {
         "HCCL_IF_IP": rank.host_ip,
+        # vLLM's own address (vllm/utils/network_utils.py get_ip, vLLM 0.23.0): unset, it is the interface of
+        # the default route, which on a multi-NIC host (hostNetwork) need not be the Plan's host IP; the
+        # Mooncake connector advertises it as its handshake host to the other stage (kv_p2p/mooncake_connector.py
+        # side_channel_host = get_ip(), v0.23.0), and the NetworkPolicies admit the Plan's host IPs only
+        "VLLM_HOST_IP": rank.host_ip,
         "HCCL_SOCKET_IFNAME": rank.nic,
         "GLOO_SOCKET_IFNAME": rank.nic,
         "TP_SOCKET_IFNAME": rank.nic,

@@ -244,7 +244,7 @@ def _read(out: Path) -> tuple[list[str], dict[str, str]]:
     return ["vllm", *argv], env
 
 
-NODE_KEYS = ("HCCL_IF_IP", "HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "ASCEND_RT_VISIBLE_DEVICES")
+NODE_KEYS = ("HCCL_IF_IP", "VLLM_HOST_IP", "HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "ASCEND_RT_VISIBLE_DEVICES")
 
 
 def check_worker_script(plan: Plan, inst: Any, script: str, tmp_path: Path) -> int:

@@ -48,6 +48,7 @@ export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True
 export TASK_QUEUE_ENABLE=1
 export TP_SOCKET_IFNAME=enp189s0f0
 export VLLM_ENGINE_READY_TIMEOUT_S=3600
+export VLLM_HOST_IP=192.0.2.15
 
 # Files this rank reads; ASCEND_DEPLOY_CHECK_FILES=0 skips the check (tests only).
 required_files=()
