@@ -55,6 +55,10 @@ CHIPS_PER_CARD = {"atlas-800i-a2": 1, "cm384": 2}
 STATUSES = ("ok", "changed", "would_change", "skip", "fail")
 
 
+#: how a device held back by a step's ``after`` is reported
+HELD_BACK = "not run:"
+
+
 def _truthy(value: Any) -> bool:
     """A playbook variable given as ``true`` (YAML) or ``"true"``/``"1"``/``"yes"``."""
     return value is True or str(value).strip().lower() in ("true", "1", "yes")
@@ -235,6 +239,7 @@ class Runner:
                 self._report.unreachable.append(node.name)
             return
         facts: dict[str, Any] = {"devices": {}}
+        failed: dict[str, set[int]] = {}  # step name -> devices it failed on (for ``after``)
         try:
             ctx = self._host_context(node)
             for step in self.playbook.steps:
@@ -242,7 +247,7 @@ class Runner:
                     continue
                 t0 = time.monotonic()
                 try:
-                    result = self._run_step(session, node, step, ctx, facts)
+                    result = self._run_step(session, node, step, ctx, facts, failed)
                 except (SshError, paramiko.SSHException, OSError, EOFError) as exc:
                     result = StepResult(node.name, step.name, "fail", f"ssh error: {exc}")
                 except TemplateError as exc:
@@ -292,13 +297,20 @@ class Runner:
         return units
 
     def _run_step(self, session: Session, node: Node, step: Step, ctx: dict[str, Any],
-                  facts: dict[str, Any]) -> StepResult:
+                  facts: dict[str, Any], failed: dict[str, set[int]] | None = None) -> StepResult:
+        """Run one step on one host. ``failed``: step name -> device ids it failed on, read for the step's
+        ``after`` and updated with this step's failures."""
+        failed = {} if failed is None else failed
         deadline = time.monotonic() + step.timeout_s  # one deadline for the step on this host
         outcomes: list[tuple[str, str, str, int | None]] = []  # (status, label, message, device id)
         active: list[_Unit] = []
         for unit in self._units(node, step, ctx):
+            blocked = [name for name in step.after if unit.device_id in failed.get(name, ())]
             if any(not unit.ctx.get(name) for name in step.when):
                 outcomes.append(("skip", unit.label, "not applicable", unit.device_id))
+            elif blocked:
+                outcomes.append(("skip", unit.label, f"{HELD_BACK} {', '.join(blocked)} failed on this device",
+                                 unit.device_id))
             else:
                 active.append(unit)
         if step.type == "set":
@@ -317,6 +329,8 @@ class Runner:
             outcomes.append((status, unit.label, message, unit.device_id))
             if status == "fail":
                 parsed = None  # a failed device's reading is never kept as a fact or compared
+                if unit.device_id is not None:
+                    failed.setdefault(step.name, set()).add(unit.device_id)
             if step.register_as and parsed is not None:
                 if unit.device_id is None:
                     facts[step.register_as] = parsed
@@ -425,19 +439,25 @@ class Runner:
         def line(label: str, msg: str) -> str:
             return f"{label}: {msg}" if label else msg
 
+        # devices held back by ``after`` are named in whatever the step reports (never folded into "ok")
+        held = [line(label, msg) for s, label, msg, _ in outcomes if s == "skip" and msg.startswith(HELD_BACK)]
+        tail = ("; " + "; ".join(held[:4]) + (" ..." if len(held) > 4 else "")) if held else ""
         for status in ("fail", "changed", "would_change"):
             hits = [line(label, msg) for s, label, msg, _ in outcomes if s == status]
             if hits:
                 failed = sorted({d for s, _, _, d in outcomes if s == "fail" and d is not None})
                 if any(d is None for s, _, _, d in outcomes if s == "fail"):
                     failed = []  # a host-level unit failed: the failure is the host's
-                return StepResult(host, step.name, status, "; ".join(hits[:4]) + (" ..." if len(hits) > 4 else ""),
-                                  details=hits, failed_devices=failed if status == "fail" else [])
+                return StepResult(host, step.name, status,
+                                  "; ".join(hits[:4]) + (" ..." if len(hits) > 4 else "") + tail,
+                                  details=hits + held, failed_devices=failed if status == "fail" else [])
         oks = [line(label, msg) for s, label, msg, _ in outcomes if s == "ok"]
         if oks:
             n = len(oks)
             msg = oks[0] if n == 1 else f"{n} {'devices' if step.foreach == 'device' else 'checks'} ok"
-            return StepResult(host, step.name, "ok", msg, details=oks)
+            return StepResult(host, step.name, "ok", msg + tail, details=oks + held)
+        if held:
+            return StepResult(host, step.name, "skip", tail[2:], details=held)
         return StepResult(host, step.name, "skip", "not applicable")
 
     def _summary(self, step: Step, observed: dict[str, Any]) -> str:

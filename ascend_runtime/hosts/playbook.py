@@ -31,7 +31,10 @@ operator: ``eq``, ``ne``, ``in``, ``not_in``, ``regex``, ``present``,
 ``ge``/``le`` (numbers), ``version`` (a component of the matrix),
 ``min_version``/``max_version``. A ``set`` step with ``replace_guard: VAR``
 sets values that are unset but refuses to replace one the host already has
-unless the playbook variable ``VAR`` is true (``--var VAR=true``).
+unless the playbook variable ``VAR`` is true (``--var VAR=true``). ``after: [STEP, ...]``
+(``foreach: device`` steps) names earlier device steps that must not have failed on a
+device for this step to run there: a device whose RoCE address could not be set (or
+was refused) gets no netdetect or gateway either, so nothing is applied half.
 """
 
 from __future__ import annotations
@@ -87,6 +90,9 @@ class Step(BaseModel):
     #: ``set`` steps: a playbook variable that must be true to *replace* a value the host already has (one that
     #: is set and differs); values that are unset are set regardless. Unset variable: no guard.
     replace_guard: str | None = None
+    #: ``foreach: device`` steps: earlier device steps that must not have failed on a device for this one to
+    #: run on it (the device is then reported as not run, naming the step that failed).
+    after: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _shape(self) -> Step:
@@ -102,6 +108,8 @@ class Step(BaseModel):
             raise ValueError(f"step {self.name!r} of type {self.type} needs {', '.join(missing)}")
         if self.parser and self.parser not in PARSERS:
             raise ValueError(f"step {self.name!r}: unknown parser {self.parser!r} (known: {', '.join(sorted(PARSERS))})")
+        if self.after and self.foreach != "device":
+            raise ValueError(f"step {self.name!r}: `after` applies to foreach: device steps only")
         return self
 
 
@@ -137,6 +145,11 @@ class Playbook(BaseModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate step names: {', '.join(dupes)}")
+        for i, step in enumerate(self.steps):
+            earlier = {s.name: s for s in self.steps[:i]}
+            for name in step.after:
+                if name not in earlier or earlier[name].foreach != "device":
+                    raise ValueError(f"step {step.name!r}: `after: {name}` must name an earlier foreach: device step")
         return self
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from tests.hosts.conftest import planned_ip, results
@@ -162,13 +163,13 @@ def test_npu_network_check_then_apply(lab) -> None:
     assert "--var replace_addresses=true" in fail["message"]
     assert lab.calls(0) == [] and lab.state(0)["dev.2.ip"] == "198.51.100.200"
     assert sorted(lab.calls(1)) == sorted([f"-i 4 -ip -s address {planned_ip(1, 4)} netmask 255.255.255.0",
-                                           "-i 4 -gateway -s address 198.51.100.1"])
+                                           "-i 4 -gateway -s gateway 198.51.100.1"])
 
     rc, report = lab.run("npu-network", "--var", "replace_addresses=true")
     assert rc == 0, results(report, status="fail")
     assert lab.calls(0) == [f"-i 2 -ip -s address {planned_ip(0, 2)} netmask 255.255.255.0"]
     assert sorted(lab.calls(1)) == sorted([f"-i 4 -ip -s address {planned_ip(1, 4)} netmask 255.255.255.0",
-                                           "-i 4 -gateway -s address 198.51.100.1"])
+                                           "-i 4 -gateway -s gateway 198.51.100.1"])
     assert lab.calls(2) == [] and lab.calls(3) == []
     assert f"address_2={planned_ip(0, 2)}" in (lab.hosts[0].dir / "hccn.conf").read_text()
     assert {r["step"] for r in results(report, "a2-node-00", "ok")} >= {"verify device IP", "verify link UP"}
@@ -228,3 +229,37 @@ def test_shipped_address_writes_are_guarded() -> None:
     assert writes, "no address-writing step found"
     assert all(s.replace_guard == "replace_addresses" for _, s in writes), [(n, s.name) for n, s in writes]
     assert pb.load("npu-network").vars["replace_addresses"] is False
+
+
+def test_a_device_whose_address_is_refused_gets_no_netdetect_or_gateway(lab) -> None:
+    """Nothing half applied: node-00 dev 2 has another RoCE address (replacing it needs consent) and no
+    gateway or netdetect; without consent its address is refused and its netdetect and gateway are not set
+    either (`after:` in npu-network.yaml), and the report says why; with consent all three are set."""
+    lab.update_state(0, **{"dev.2.ip": "198.51.100.200", "dev.2.gateway": "", "dev.2.netdetect": ""})
+    rc, report = lab.run("npu-network")
+    assert rc == 1
+    assert not [c for c in lab.calls(0) if c.startswith("-i 2 ")], lab.calls(0)
+    held = {r["step"]: r["message"] for r in results(report, "a2-node-00") if r["step"] in ("netdetect", "gateway")}
+    assert set(held) == {"netdetect", "gateway"}
+    assert all("device 2: not run: device IP and netmask failed on this device" in m for m in held.values()), held
+    assert lab.state(0)["dev.2.gateway"] == "" and lab.state(0)["dev.2.netdetect"] == ""
+
+    rc, report = lab.run("npu-network", "--var", "replace_addresses=true")
+    assert rc == 0, results(report, status="fail")
+    sets = [c for c in lab.calls(0) if c.startswith("-i 2 ")]
+    assert [c.split()[2] for c in sets] == ["-ip", "-netdetect", "-gateway"]
+    assert sets[2].startswith("-i 2 -gateway -s gateway ")
+
+
+def test_after_must_name_an_earlier_device_step() -> None:
+    from ascend_runtime.hosts.playbook import Playbook
+
+    base = {"name": "p", "hardware": ["cm384"]}
+    first = {"name": "a", "type": "command", "foreach": "device", "command": "true"}
+    with pytest.raises(ValueError, match="earlier foreach: device step"):
+        Playbook(**base, steps=[{**first, "after": ["b"]}, {**first, "name": "b"}])
+    with pytest.raises(ValueError, match="earlier foreach: device step"):
+        Playbook(**base, steps=[{**first, "foreach": "host"}, {**first, "name": "b", "after": ["a"]}])
+    with pytest.raises(ValueError, match="foreach: device steps only"):
+        Playbook(**base, steps=[first, {**first, "name": "b", "foreach": "host", "after": ["a"]}])
+    assert Playbook(**base, steps=[first, {**first, "name": "b", "after": ["a"]}]).steps[1].after == ["a"]

@@ -157,11 +157,14 @@ def test_check_says_could_not_read_when_sudo_refuses(lab) -> None:
     assert rc == 1
     assert report["failed_hosts"] == ["a2-node-01"]
     assert results(report, "a2-node-01", "would_change") == []
-    for step in ("device IP and netmask", "netdetect", "gateway"):
+    r = _step(report, "a2-node-01", "device IP and netmask")
+    assert r["status"] == "fail" and len(r["details"]) == 8, r
+    for line in r["details"]:
+        assert "could not read" in line and "sudo refused" in line and "a password is required" in line, line
+    for step in ("netdetect", "gateway"):  # held back on every device whose address step failed (`after:`)
         r = _step(report, "a2-node-01", step)
-        assert r["status"] == "fail" and len(r["details"]) == 8, r
-        for line in r["details"]:
-            assert "could not read" in line and "sudo refused" in line and "a password is required" in line, line
+        assert r["status"] == "skip" and len(r["details"]) == 8, r
+        assert all("not run: device IP and netmask failed on this device" in line for line in r["details"]), r
     assert {(r["step"], r["message"].split(":")[0]) for r in results(report, "a2-node-02", "would_change")} == {
         ("device IP and netmask", "device 2")}
     assert all(lab.calls(i) == [] for i in range(4))
