@@ -148,10 +148,26 @@ def apply_facts(inventory: Inventory, report: RunReport, spec: FactsSpec,
     return inventory.model_copy(update={"nodes": nodes}), problems
 
 
-def dump_inventory(inventory: Inventory) -> str:
-    """The inventory as reviewable YAML: model field order, no nulls, block style."""
+def leading_comments(text: str) -> str:
+    """The comment lines (``#``) at the top of a YAML file, with their newlines; "" when it starts otherwise."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        if not line.startswith("#"):
+            break
+        out.append(line if line.endswith("\n") else line + "\n")
+    return "".join(out)
+
+
+def dump_inventory(inventory: Inventory, previous: str | None = None) -> str:
+    """The inventory as reviewable YAML: model field order, no nulls, block style.
+
+    previous: the file's current text; its leading comment block (an address plan, say) is kept, so a facts
+    run on hosts that match changes no byte of a file in this format. Without one, :data:`HEADER`.
+    """
     data = inventory.model_dump(mode="json", exclude_none=True)
-    return HEADER + yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True)
+    header = leading_comments(previous) if previous else ""
+    return (header or HEADER) + yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120,
+                                               allow_unicode=True)
 
 
 def write_if_changed(path: Path, text: str) -> bool:

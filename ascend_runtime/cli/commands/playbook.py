@@ -288,8 +288,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             if issues != [HOST_NOT_UPDATED]:
                 on_result(StepResult(host, "inventory facts", "fail", "; ".join(issues)))
                 report.results.append(StepResult(host, "inventory facts", "fail", "; ".join(issues)))
-        text = dump_inventory(new_inventory)
         current = Path(inventory_path).read_text(encoding="utf-8")
+        text = dump_inventory(new_inventory, current)
         if args.check:
             extra["inventory_would_change"] = text != current
             console.print(f"inventory {inventory_path}: " + ("would change" if text != current else "unchanged"))
