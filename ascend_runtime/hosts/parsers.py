@@ -144,19 +144,29 @@ def hccn_net_health(text: str) -> dict[str, Any]:
     return {"status": m.group(1).strip() if m else None}
 
 
+#: what an unset address may read as: the tool prints the stored value, all zeros when nothing was set
+UNSET_ADDRESS = "0.0.0.0"
+
+
+def _unset_if_zero(address: str | None) -> str | None:
+    """``0.0.0.0`` is never a gateway or netdetect target: it reads as unset (so setting one is not a
+    *replacement* that needs ``--var replace_addresses=true``, and preflight's ``present`` fails on it)."""
+    return None if address == UNSET_ADDRESS else address
+
+
 def hccn_netdetect(text: str) -> dict[str, Any]:
-    """``-netdetect -g``: ``netdetect address: X`` (newer drivers ``netdetect addr: X``)."""
+    """``-netdetect -g``: ``netdetect address: X`` (newer drivers ``netdetect addr: X``); 0.0.0.0 = unset."""
     problems: list[str] = []
     address = _addr(text, r"netdetect addr(?:ess)?\s*:\s*", "netdetect address", problems)
-    return _with_problems({"address": address}, problems)
+    return _with_problems({"address": _unset_if_zero(address)}, problems)
 
 
 def hccn_gateway(text: str) -> dict[str, Any]:
-    """``-gateway -g``: ``default gateway:X, Iface:eth0``."""
+    """``-gateway -g``: ``default gateway:X, Iface:eth0``; 0.0.0.0 = unset."""
     problems: list[str] = []
     address = _addr(text, r"default gateway\s*:\s*", "default gateway", problems)
     iface = re.search(r"Iface\s*:\s*(\S+)", text)
-    return _with_problems({"address": address, "iface": iface.group(1) if iface else None}, problems)
+    return _with_problems({"address": _unset_if_zero(address), "iface": iface.group(1) if iface else None}, problems)
 
 
 def hccn_tls(text: str) -> dict[str, Any]:

@@ -47,6 +47,9 @@ def test_hccn_variants() -> None:
     assert p.hccn_netdetect("netdetect address: 11.12.165.1")["address"] == "11.12.165.1"
     assert p.hccn_netdetect("netdetect addr: 11.12.165.1")["address"] == "11.12.165.1"
     assert p.hccn_gateway("default gateway:11.12.165.1, Iface:eth0") == {"address": "11.12.165.1", "iface": "eth0"}
+    # an unset address the tool prints as zeros is unset: setting one is not a replacement, `present` fails
+    assert p.hccn_gateway("default gateway:0.0.0.0, Iface:eth0") == {"address": None, "iface": "eth0"}
+    assert p.hccn_netdetect("netdetect address: 0.0.0.0")["address"] is None
     assert p.hccn_tls("dev_id:0, tls switch[1](0:disable, 1:enable), tls alarm time threshold[60]days")["switch"] == "1"
     assert p.hccn_net_health("net health status: Receive timeout")["status"] == "Receive timeout"
     assert p.hccn_ping("recv time out seq=0\n3 packets transmitted, 2 received, 33.33% packet loss")["ok"] is False
