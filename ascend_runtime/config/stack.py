@@ -331,7 +331,10 @@ class DevicePluginConfig(_Strict):
         False,
         description="Install MindCluster's Ascend device plugin (ServiceAccount, ClusterRole, ClusterRoleBinding, DaemonSet in kube-system).",
     )
-    image: ImageRef = Field("ascendhub.huawei.com/public-ascendhub/ascend-k8sdeviceplugin", description="Device plugin image (without tag).")
+    # the registry MindCluster v26.1.0 names for the official image (docker/ascend-device-plugin/OVERVIEW.md,
+    # "Obtain Atlas Device Plugin Image Online": AscendHub on swr.cn-south-1.myhuaweicloud.com)
+    image: ImageRef = Field("swr.cn-south-1.myhuaweicloud.com/ascendhub/ascend-k8sdeviceplugin",
+                            description="Device plugin image (without tag).")
     version: str = Field("v26.1.0", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
                          description="Device plugin image tag: the pinned MindCluster release (v26.1.0).")
 
