@@ -55,10 +55,6 @@ CHIPS_PER_CARD = {"atlas-800i-a2": 1, "cm384": 2}
 STATUSES = ("ok", "changed", "would_change", "skip", "fail")
 
 
-#: how a device held back by a step's ``after`` is reported
-HELD_BACK = "not run:"
-
-
 def _truthy(value: Any) -> bool:
     """A playbook variable given as ``true`` (YAML) or ``"true"``/``"1"``/``"yes"``."""
     return value is True or str(value).strip().lower() in ("true", "1", "yes")
@@ -297,10 +293,9 @@ class Runner:
         return units
 
     def _run_step(self, session: Session, node: Node, step: Step, ctx: dict[str, Any],
-                  facts: dict[str, Any], failed: dict[str, set[int]] | None = None) -> StepResult:
+                  facts: dict[str, Any], failed: dict[str, set[int]]) -> StepResult:
         """Run one step on one host. ``failed``: step name -> device ids it failed on, read for the step's
         ``after`` and updated with this step's failures."""
-        failed = {} if failed is None else failed
         deadline = time.monotonic() + step.timeout_s  # one deadline for the step on this host
         outcomes: list[tuple[str, str, str, int | None]] = []  # (status, label, message, device id)
         active: list[_Unit] = []
@@ -309,7 +304,8 @@ class Runner:
             if any(not unit.ctx.get(name) for name in step.when):
                 outcomes.append(("skip", unit.label, "not applicable", unit.device_id))
             elif blocked:
-                outcomes.append(("skip", unit.label, f"{HELD_BACK} {', '.join(blocked)} failed on this device",
+                # "held": not run because of ``after``; reported as skipped, and always named
+                outcomes.append(("held", unit.label, f"not run: {', '.join(blocked)} failed on this device",
                                  unit.device_id))
             else:
                 active.append(unit)
@@ -440,7 +436,7 @@ class Runner:
             return f"{label}: {msg}" if label else msg
 
         # devices held back by ``after`` are named in whatever the step reports (never folded into "ok")
-        held = [line(label, msg) for s, label, msg, _ in outcomes if s == "skip" and msg.startswith(HELD_BACK)]
+        held = [line(label, msg) for s, label, msg, _ in outcomes if s == "held"]
         tail = ("; " + "; ".join(held[:4]) + (" ..." if len(held) > 4 else "")) if held else ""
         for status in ("fail", "changed", "would_change"):
             hits = [line(label, msg) for s, label, msg, _ in outcomes if s == status]

@@ -48,6 +48,7 @@ from ascend_runtime.render.objects.lws import (
 )
 from ascend_runtime.render.paths import LEADER_WATCH
 from ascend_runtime.sim.from_plan import sim_config_from_plan
+from tests.render.test_injection import STUB_TIMEOUT  # coreutils `timeout` stand-in: records the DP-port probe
 
 from .conftest import K8S_STACKS, stack_run
 from .crd_schemas import LWS_SCHEMA_FILE, lws_schema_from_crd, validate_lws
@@ -212,12 +213,6 @@ def test_pods_exclusive_per_node_and_on_the_plans_nodes(k8s_run: Run) -> None:
 
 
 # --- the worker script under bash --------------------------------------------------------------------
-
-
-#: stands in for coreutils ``timeout`` in the script's TCP probe of the leader's DP port: records, succeeds
-STUB_TIMEOUT = """#!/usr/bin/env bash
-printf '%s\\0' "$@" >> "$STUB_OUT/probes"
-"""
 
 
 def _run_worker(script: str, tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, Path]:

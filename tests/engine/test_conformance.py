@@ -17,6 +17,7 @@ from ascend_runtime.engine.releases import METRICS, RELEASES
 from ascend_runtime.engine.surface import load_surface, supported_releases
 from ascend_runtime.planner import Plan
 from ascend_runtime.render import engine_args
+from ascend_runtime.render.objects.balancer import balancer_objects
 from ascend_runtime.render.objects.common import Context
 from ascend_runtime.render.objects.monitoring import dashboard_json
 from tests.conftest import STACK_NAMES
@@ -27,7 +28,8 @@ METRIC_READERS = ("ascend_runtime/proxy", "ascend_runtime/checks", "ascend_runti
 
 
 def _dashboard(plan: Plan) -> str:
-    return dashboard_json(Context(plan))
+    ctx = Context(plan)
+    return dashboard_json(ctx, bool(balancer_objects(ctx)))
 
 
 @pytest.mark.parametrize("stack", STACK_NAMES)

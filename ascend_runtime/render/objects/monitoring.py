@@ -16,7 +16,6 @@ from ascend_runtime.render.objects.common import (
     K8sObject,
     metadata,
 )
-from ascend_runtime.render.objects.balancer import has_role as balancer_deployed
 from ascend_runtime.render.paths import templates_dir
 
 #: the balancer daemon's metric names (balancer/daemon.py)
@@ -26,8 +25,9 @@ DASHBOARD_TEMPLATE = "grafana-dashboard.json.j2"  # in templates_dir()
 COMPONENT = "monitoring"
 
 
-def dashboard_json(ctx: Context) -> str:
-    """The Grafana dashboard of the stack (templates/grafana-dashboard.json.j2).
+def dashboard_json(ctx: Context, with_balancer: bool) -> str:
+    """The Grafana dashboard of the stack (templates/grafana-dashboard.json.j2); the balancer's panels only
+    ``with_balancer`` (its daemon is deployed: ``balancer_objects`` is not empty), as :func:`monitors` has it.
 
     The template uses ``[[ ]]`` delimiters so that Grafana's own ``{{label}}``
     legends pass through untouched.
@@ -44,9 +44,9 @@ def dashboard_json(ctx: Context) -> str:
     )
     doc = json.loads(text)
     panels = doc.setdefault("panels", [])
-    if balancer_deployed(ctx):
+    if with_balancer:
         panels.append(balancer_heat_panel(ctx.namespace, panels))
-    else:  # no daemon exports ascend_balancer_* (balancer.has_role): no panel that would stay empty
+    else:  # no daemon exports ascend_balancer_*: no panel that would stay empty
         doc["panels"] = [p for p in panels if not _reads_balancer(p)]
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
@@ -76,7 +76,7 @@ def balancer_heat_panel(namespace: str, panels: list[dict[str, Any]]) -> dict[st
     }
 
 
-def grafana_dashboard(ctx: Context) -> K8sObject | None:
+def grafana_dashboard(ctx: Context, with_balancer: bool) -> K8sObject | None:
     """ConfigMap picked up by the Grafana sidecar (label ``grafana_dashboard: "1"``)."""
     if not ctx.k8s["grafana_dashboard"]:
         return None
@@ -84,7 +84,7 @@ def grafana_dashboard(ctx: Context) -> K8sObject | None:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(ctx, "grafana-dashboard-ascend-deepseek", COMPONENT, {"grafana_dashboard": "1"}),
-        "data": {"ascend-deepseek.json": dashboard_json(ctx)},
+        "data": {"ascend-deepseek.json": dashboard_json(ctx, with_balancer)},
     }
 
 
@@ -125,5 +125,5 @@ def monitors(ctx: Context, with_balancer: bool) -> list[K8sObject]:
 
 def monitoring_objects(ctx: Context, with_balancer: bool) -> list[K8sObject]:
     """Monitors and the dashboard."""
-    dash = grafana_dashboard(ctx)
+    dash = grafana_dashboard(ctx, with_balancer)
     return [*monitors(ctx, with_balancer), *([dash] if dash else [])]
