@@ -69,6 +69,7 @@ from ascend_runtime.proxy.migrate import (
 from ascend_runtime.proxy.pd import (
     CLIENT_REQUEST_ID_HEADER,
     RECOMPUTED,
+    NotContinuable,
     REQUEST_ID_HEADER,
     build_prefill_request,
     decode_body,
@@ -314,7 +315,10 @@ class Forwarder:
             if kind == "recompute":
                 client_resp = result[1]
                 self.metrics.recomputes.inc()
-                current = tracker.continue_request()
+                try:
+                    current = tracker.continue_request()
+                except NotContinuable as exc:
+                    return await self._fail(client_resp, 502, str(exc)), "stream_error"
                 tracker.resume = False
                 continue
             if kind == "migrate":

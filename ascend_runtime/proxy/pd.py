@@ -136,6 +136,30 @@ def estimate_prompt_tokens(req: dict[str, Any]) -> int:
     return max(1, _words(req.get("messages") or []))
 
 
+class NotContinuable(ValueError):
+    """A recomputed request whose continuation cannot be built (the message says why)."""
+
+
+def _continued_messages(messages: Any, generated: str) -> list[Any]:
+    """The chat conversation of a continuation: the text generated so far appended to the first message's
+    content, as vLLM-Ascend's reference proxy continues a recomputed chat (v0.23.0
+    ``examples/disaggregated_prefill_v1/load_balance_proxy_server_example.py``). The content forms of
+    vLLM 0.23.0's chat protocol are kept: a string gets the text appended, a list of content parts gets
+    one more text part, a missing or null content becomes the text. An empty conversation (which the
+    reference proxy would fail on) becomes one user message holding the text."""
+    if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
+        return [{"role": "user", "content": generated}]
+    first = dict(messages[0])
+    content = first.get("content")
+    if isinstance(content, list):
+        first["content"] = [*content, {"type": "text", "text": generated}]
+    elif isinstance(content, str):
+        first["content"] = content + generated
+    else:
+        first["content"] = generated
+    return [first, *messages[1:]]
+
+
 @dataclass
 class RecomputeTracker:
     """State needed to continue a decode answer that came back ``recomputed``.
@@ -188,9 +212,12 @@ class RecomputeTracker:
         req = copy.deepcopy(self.original)
         req.pop("kv_transfer_params", None)
         if self.chat:
-            req["messages"][0]["content"] = f"{self.origin_prompt}{self.generated}"
-        else:
+            req["messages"] = _continued_messages(req.get("messages"), self.generated)
+        elif isinstance(self.origin_prompt, str):
             req["prompt"] = f"{self.origin_prompt}{self.generated}"
+        else:  # token ids, a batch of prompts or no prompt: no text to append the answer to
+            raise NotContinuable("the engine asked for a recompute, and a completion whose prompt is not "
+                                 "one string cannot be continued by the proxy; send the prompt as text")
         req["max_tokens"] = self.origin_max_tokens - self.completion_tokens + self.retries
         self.current = req
         return req

@@ -79,6 +79,24 @@ async def test_recomputed_non_stream_answer_carries_all_text(stubs, proxy, http)
     assert answer["choices"][0]["text"] == " w0 w1 w0 w1 w2"
 
 
+async def test_recompute_of_a_token_id_prompt_ends_the_stream_with_an_error_event(stubs, proxy, http):
+    """No continuation can be built from token ids without the tokenizer: the stream ends with an error
+    event naming why (a 502), instead of a continuation whose prompt is the list's repr."""
+    p = await stubs("prefill", "p0")
+    d = await stubs("decode", "d0", recompute_after=2)
+    px = await proxy(p, d)
+    async with http.post(px.url + "/v1/completions", json={**REQ, "prompt": [11, 12, 13]}) as resp:
+        assert resp.status == 200
+        body = await resp.read()
+    events = [json.loads(line[6:]) for line in body.decode().split("\n\n") if line.startswith("data: {")]
+    assert [e["choices"][0]["text"] for e in events[:2]] == [" w0", " w1"]
+    assert events[-1]["error"]["code"] == 502 and "send the prompt as text" in events[-1]["error"]["message"]
+    assert len(d.engine.requests) == 1  # nothing garbled reached an engine
+    async with http.get(px.url + "/metrics") as resp:
+        text = await resp.text()
+    assert 'outcome="stream_error"' in text
+
+
 async def test_client_errors_are_relayed(stubs, proxy, http):
     p = await stubs("prefill", "p0")
     d = await stubs("decode", "d0")

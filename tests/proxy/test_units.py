@@ -13,6 +13,7 @@ from ascend_runtime.proxy.instances import (
     specs_from_data,
 )
 from ascend_runtime.proxy.pd import (
+    NotContinuable,
     RecomputeTracker,
     build_prefill_request,
     estimate_prompt_tokens,
@@ -170,6 +171,35 @@ def test_recompute_tracker_chat():
     nxt = t.continue_request()
     assert nxt["messages"][0]["content"] == "Q a b" and nxt["max_tokens"] == 10 - 2 + 1
     assert t.original["messages"][0]["content"] == "Q"
+
+
+def test_recompute_continuation_keeps_each_chat_content_form():
+    """A string content gets the text appended, content parts get one more text part, a null content and an
+    empty conversation get the text: never a Python repr of the parts, never an IndexError."""
+    parts = [{"type": "text", "text": "Q"}]
+    cases = [
+        ([{"role": "user", "content": "Q"}], [{"role": "user", "content": "Q a"}]),
+        ([{"role": "user", "content": parts}], [{"role": "user", "content": [*parts, {"type": "text", "text": " a"}]}]),
+        ([{"role": "assistant", "content": None}, {"role": "user", "content": "x"}],
+         [{"role": "assistant", "content": " a"}, {"role": "user", "content": "x"}]),
+        ([], [{"role": "user", "content": " a"}]),
+    ]
+    for messages, expected in cases:
+        t = RecomputeTracker.for_request({"messages": messages, "max_tokens": 10})
+        assert t.add_choice({"delta": {"content": " a"}, "stop_reason": "recomputed"}, None)
+        assert t.continue_request()["messages"] == expected, messages
+    assert parts == [{"type": "text", "text": "Q"}]  # the client's request is not modified
+
+
+def test_recompute_of_a_token_id_prompt_is_refused_not_garbled():
+    for prompt in ([1, 2, 3], ["a", "b"], None):
+        t = RecomputeTracker.for_request({"prompt": prompt, "max_tokens": 10})
+        t.add_choice({"text": " a", "stop_reason": "recomputed"}, None)
+        with pytest.raises(NotContinuable, match="send the prompt as text"):
+            t.continue_request()
+    t = RecomputeTracker.for_request({"prompt": "p", "max_tokens": 10})
+    t.add_choice({"text": " a", "stop_reason": "recomputed"}, None)
+    assert t.continue_request()["prompt"] == "p a"
 
 
 def test_parse_vllm_load_and_sse_events():
