@@ -132,6 +132,18 @@ def _items(counts: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return ids, np.take_along_axis(per, ids, axis=1)
 
 
+def _items_heaviest_first(counts: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_items` in order of per-replica weight, heaviest first (an expert's replicas side by side):
+    the experts are sorted (``[B, n]``) and expanded, instead of sorting the ``[B, P]`` items."""
+    rows, n = counts.shape
+    per = weight / counts
+    order = np.argsort(-per, axis=1)
+    flat = (order + (np.arange(rows) * n)[:, None]).ravel()
+    reps = counts.ravel()[flat]
+    ids = np.repeat(order.ravel(), reps).reshape(rows, -1)
+    return ids, np.repeat(per.ravel()[flat], reps).reshape(rows, -1)
+
+
 def pack_lpt(ids: np.ndarray, w: np.ndarray, ranks: int, slots: int, n: int) -> np.ndarray:
     """LPT packing without duplicate experts on a rank. ``[B, P]`` -> ids ``[B, R, S]``."""
     rows, total = ids.shape
@@ -157,13 +169,17 @@ def pack_lpt(ids: np.ndarray, w: np.ndarray, ranks: int, slots: int, n: int) -> 
     return out
 
 
-def pack_rounds(ids: np.ndarray, w: np.ndarray, ranks: int, slots: int) -> np.ndarray:
+def pack_rounds(ids: np.ndarray, w: np.ndarray, ranks: int, slots: int, ordered: bool = False) -> np.ndarray:
     """Round-robin LPT: ``slots`` rounds; each deals the next ``ranks`` heaviest items,
-    heaviest to the currently lightest rank. ``[B, P]`` -> ids ``[B, R, S]`` (duplicates possible)."""
+    heaviest to the currently lightest rank. ``[B, P]`` -> ids ``[B, R, S]`` (duplicates possible).
+    ``ordered``: the items are already heaviest first (:func:`_items_heaviest_first`)."""
     rows, total = ids.shape
-    order = np.argsort(-w, axis=1)
-    ws = np.take_along_axis(w, order, axis=1).reshape(rows, slots, ranks)
-    es = np.take_along_axis(ids, order, axis=1).reshape(rows, slots, ranks)
+    if ordered:
+        ws, es = w.reshape(rows, slots, ranks), ids.reshape(rows, slots, ranks)
+    else:
+        order = np.argsort(-w, axis=1)
+        ws = np.take_along_axis(w, order, axis=1).reshape(rows, slots, ranks)
+        es = np.take_along_axis(ids, order, axis=1).reshape(rows, slots, ranks)
     out = np.empty((rows, ranks, slots), dtype=np.int64)
     # round 0 deals to empty ranks in order; its loads are then sorted heaviest first, so round 1's
     # lightest-first order is the reverse (equal loads in either order); later rounds sort
@@ -278,8 +294,12 @@ def repair_duplicates(ids: np.ndarray) -> np.ndarray:
     rows, ranks, slots = ids.shape
     if slots == 2:
         _repair_pairs(ids)
-    srt = np.sort(ids, axis=2)
-    bad_rows = np.nonzero((srt[:, :, 1:] == srt[:, :, :-1]).any(axis=(1, 2)))[0] if slots > 1 else []
+        bad_rows = np.nonzero((ids[:, :, 0] == ids[:, :, 1]).any(axis=1))[0]  # a pair needs no sort
+    elif slots > 1:
+        srt = np.sort(ids, axis=2)
+        bad_rows = np.nonzero((srt[:, :, 1:] == srt[:, :, :-1]).any(axis=(1, 2)))[0]
+    else:
+        bad_rows = []
     for b in bad_rows:
         for _ in range(ranks * slots):
             sets = [set() for _ in range(ranks)]
@@ -315,8 +335,12 @@ def solve_batch(
     """From-scratch solve of ``B`` flat problems. ``weight [B, n]`` -> ids ``[B, R, S]``."""
     rows, n = weight.shape
     counts = water_fill(hedged, ranks * slots, ranks)
-    item_ids, item_w = _items(counts, np.maximum(weight, 0.0))
-    packed = pack_rounds(item_ids, item_w, ranks, slots) if slots <= 2 else pack_lpt(item_ids, item_w, ranks, slots, n)
+    if slots <= 2:
+        item_ids, item_w = _items_heaviest_first(counts, np.maximum(weight, 0.0))
+        packed = pack_rounds(item_ids, item_w, ranks, slots, ordered=True)
+    else:
+        item_ids, item_w = _items(counts, np.maximum(weight, 0.0))
+        packed = pack_lpt(item_ids, item_w, ranks, slots, n)
     ids = repair_duplicates(packed)
     return refine_swaps(ids, np.maximum(weight, 0.0) / counts, rounds)
 
@@ -508,9 +532,13 @@ def _solve(
             continue
         node_of = all_nodes[i_p]
         experts = _node_experts(node_of, groups, nodes, n)  # [L, N, E/N]
+        flat = (experts + (np.arange(layers) * n)[:, None, None]).ravel()
+        done: dict[int, np.ndarray] = {}  # the same array is often both a hedged and a packing load
 
-        def sub(x: np.ndarray, experts: np.ndarray = experts) -> np.ndarray:
-            return x[np.arange(layers)[:, None, None], experts].reshape(layers * nodes, -1)
+        def sub(x: np.ndarray, flat: np.ndarray = flat, done: dict[int, np.ndarray] = done) -> np.ndarray:
+            if id(x) not in done:
+                done[id(x)] = x.ravel()[flat].reshape(layers * nodes, -1)
+            return done[id(x)]
 
         sub_w.extend(sub(w) for w in packw)
         sub_h.extend(sub(h) for h in hedged)

@@ -197,3 +197,22 @@ def test_greedy_on_last_window_wins_when_the_forecast_misleads():
     plan, hedge, _ = pl._scratch(stale, ranks, slots, None, None, np.zeros_like(stale), PlacementConfig(), holdout, wins[3])
     assert np.array_equal(plan, pl._greedy_refined(wins[3], ranks, slots, None, None, PlacementConfig().max_swap_rounds))
     assert validate_map(placement_to_map(plan, ranks), n, ranks, slots) == []
+
+
+def test_items_heaviest_first_are_the_items_sorted_by_replica_weight():
+    """The 2-slot packer's input: the same items as :func:`_items`, heaviest per-replica weight first, an
+    expert's replicas side by side."""
+    from ascend_runtime.balancer.placement import _items, _items_heaviest_first, water_fill
+
+    rng = np.random.default_rng(3)
+    weight = rng.gamma(0.7, 100.0, size=(6, 24))
+    weight[0, :5] = 0.0  # ties
+    counts = water_fill(weight, 32, 8)
+    ids, w = _items_heaviest_first(counts, weight)
+    ref_ids, ref_w = _items(counts, weight)
+    assert ids.shape == ref_ids.shape == (6, 32)
+    assert (np.diff(w, axis=1) <= 0).all()
+    for b in range(6):
+        assert sorted(zip(ids[b], w[b])) == sorted(zip(ref_ids[b], ref_w[b]))
+        runs = [e for i, e in enumerate(ids[b]) if i == 0 or ids[b][i - 1] != e]
+        assert len(runs) == len(set(runs))  # replicas of one expert are adjacent

@@ -56,3 +56,28 @@ def test_random_walk_draws_spread_by_the_step_the_last_window_did_not_show():
     counts = draws[:, np.arange(4), hot]  # [K, L]: the most popular expert of each layer
     poisson_sd = np.sqrt(counts.mean(axis=0))
     assert (counts.std(axis=0) > 2 * poisson_sd).all()
+
+
+@pytest.mark.parametrize("family", ["stable", "mean_reverting", "dominant"])
+def test_the_informed_planner_expects_at_least_what_a_past_only_planner_gets(family):
+    """The benchmark's ceiling is one: planned on draws from the process and choosing among its plans and the
+    past-only ones, its mean balancedness on fresh draws is not below EPLB greedy's on the last window or ours
+    on the whole history (within the noise of choosing on 32 draws)."""
+    from ascend_runtime.balancer.eplb_greedy import eplb_greedy
+    from ascend_runtime.balancer.measure import balancedness
+    from ascend_runtime.balancer.placement import place_from_scratch
+    from benchmarks.balancer_families import informed_plan
+
+    ranks, slots = 8, 5
+    process = FamilyProcess(family, seed=21, **SMALL)
+    hist = np.stack([process.step() for _ in range(6)])
+    plan_draws, choose_draws = process.next_scenarios(16, seed=1), process.next_scenarios(32, seed=2)
+    judge = process.next_scenarios(64, seed=3)
+
+    def expected(plan):
+        return float(np.mean([balancedness(plan, w, ranks) for w in judge]))
+
+    greedy, ours = eplb_greedy(hist[-1], ranks, slots), place_from_scratch(hist[-1], ranks, slots, history=hist)
+    informed = expected(informed_plan(plan_draws, choose_draws, ranks, slots, None, None, [greedy, ours]))
+    assert informed >= expected(greedy) - 2e-3
+    assert informed >= expected(ours) - 2e-3
