@@ -117,8 +117,11 @@ def continuation_request(tracker: MigrationTracker) -> dict[str, Any]:
     if tracker.chat:
         messages = req["messages"]
         last = messages[-1]
-        if req.get("continue_final_message") and isinstance(last.get("content"), str):
-            last["content"] += text
+        content = last.get("content")
+        if req.get("continue_final_message") and isinstance(content, str):
+            last["content"] = content + text
+        elif req.get("continue_final_message") and isinstance(content, list):  # content parts: one more text part
+            last["content"] = [*content, {"type": "text", "text": text}]
         else:
             messages.append({"role": "assistant", "content": text})
             req["add_generation_prompt"] = False

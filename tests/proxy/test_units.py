@@ -202,6 +202,33 @@ def test_recompute_of_a_token_id_prompt_is_refused_not_garbled():
     assert t.continue_request()["prompt"] == "p a"
 
 
+def test_migration_continuation_continues_the_final_message_in_each_content_form():
+    """A migrated chat continues the assistant message under way: a request that already continues its final
+    message gets the text appended to it (a string) or as one more text part (content parts); any other gets
+    the text as a new final assistant message to continue."""
+    from ascend_runtime.proxy.migrate import MigrationTracker, continuation_request
+
+    parts = [{"type": "text", "text": "Once"}]
+    cases = [
+        ({"continue_final_message": True, "add_generation_prompt": False},
+         [{"role": "user", "content": "go"}, {"role": "assistant", "content": "Once"}],
+         [{"role": "user", "content": "go"}, {"role": "assistant", "content": "Once upon"}]),
+        ({"continue_final_message": True, "add_generation_prompt": False},
+         [{"role": "user", "content": "go"}, {"role": "assistant", "content": parts}],
+         [{"role": "user", "content": "go"},
+          {"role": "assistant", "content": [*parts, {"type": "text", "text": " upon"}]}]),
+        ({}, [{"role": "user", "content": "go"}],
+         [{"role": "user", "content": "go"}, {"role": "assistant", "content": " upon"}]),
+    ]
+    for extra, messages, expected in cases:
+        t = MigrationTracker.for_request({"messages": messages, "stream": True, "max_tokens": 9, **extra})
+        t.add_choice({"delta": {"content": " upon"}}, None)
+        req = continuation_request(t)
+        assert req["messages"] == expected, messages
+        assert req["continue_final_message"] is True and req["add_generation_prompt"] is False
+    assert parts == [{"type": "text", "text": "Once"}]
+
+
 def test_parse_vllm_load_and_sse_events():
     text = ("# HELP x\nvllm:kv_cache_usage_perc{engine=\"0\"} 0.25\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.75\n"
             "vllm:num_requests_waiting{engine=\"0\"} 3\nvllm:num_requests_waiting{engine=\"1\"} 2\n")
