@@ -214,6 +214,8 @@ def refine_swaps(
     at most ``target [B]``. Returns the refined ids (copy).
     """
     ids = ids.copy()
+    if rounds <= 0:
+        return ids
     rows, ranks, slots = ids.shape
     w = np.take_along_axis(per, ids.reshape(rows, -1), axis=1).reshape(rows, ranks, slots)
     loads = w.sum(axis=2)
@@ -342,7 +344,7 @@ def solve_batch(
         item_ids, item_w = _items(counts, np.maximum(weight, 0.0))
         packed = pack_lpt(item_ids, item_w, ranks, slots, n)
     ids = repair_duplicates(packed)
-    return refine_swaps(ids, np.maximum(weight, 0.0) / counts, rounds)
+    return refine_swaps(ids, np.maximum(weight, 0.0) / counts, rounds) if rounds > 0 else ids
 
 
 def _peaks(ids: np.ndarray, weight: np.ndarray) -> np.ndarray:
