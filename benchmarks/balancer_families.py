@@ -57,10 +57,11 @@ BASELINES = ("greedy", "greedy_decay", "swift", "flashlb")
 #: printed with the table: what changed and where it was developed (seeds 1-3 are the recorded run)
 NOTE = (
     "Plans as in the previous recorded run (same numbers for every policy). Planning is faster (2-slot packing "
-    "sorts the experts instead of the items; hierarchical sub-problems are gathered once per distinct load): "
-    "on this machine, CPU time at 144x2 (25th percentile of 15, alternating runs of the two trees) went from "
-    "104-126 to 84-110 ms global and from 119-147 to 107-120 ms hierarchical; the previous recorded run's 68/70 ms "
-    "were measured on a faster machine, where EPLB greedy took 8 ms against 11-20 ms here. New: the `informed` "
+    "sorts the experts instead of the items; hierarchical sub-problems are gathered once per distinct load; the "
+    "trials skip the swap search's set-up): on this machine, CPU time at 144x2 (25th percentile of 15, three "
+    "alternating runs of the two trees) went from 120-137 to 92-97 ms global and from 136-154 to 87-111 ms "
+    "hierarchical; the previous recorded run's 68/70 ms were measured on a faster machine, where EPLB greedy took "
+    "8 ms against 11-21 ms here. New: the `informed` "
     "column, the reachable ceiling of any planner that sees only the past. It is given the trace process "
     "itself (`trace.FamilyProcess`: the popularity behind the last window, the family's fixed parts, the "
     "regimes and their switch odds, the hot expert) and plans on 16 draws of the next window from it "
