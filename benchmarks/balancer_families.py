@@ -42,6 +42,7 @@ import time
 
 import numpy as np
 
+from ascend_runtime.allocator import keep_freed_memory
 from ascend_runtime.balancer.baselines import flashlb, swift_balancer
 from ascend_runtime.balancer.eplb_greedy import eplb_greedy
 from ascend_runtime.balancer.forecast import LoadForecaster
@@ -61,9 +62,12 @@ NOTE = (
     "to 0.9949 and two gap-captured entries by 0.1 point, every other number of the families table is "
     "unchanged). Planning is faster (2-slot packing "
     "sorts the experts instead of the items; hierarchical sub-problems are gathered once per distinct load; the "
-    "trials skip the swap search's set-up): on this machine, CPU time at 144x2 (25th percentile of 15, three "
+    "trials skip the swap search's set-up; the balancer's processes keep freed heap memory instead of faulting "
+    "it in again, `ascend_runtime/allocator.py`, which this benchmark's processes do too): on this machine, CPU "
+    "time at 144x2 before the allocator setting (25th percentile of 15, three "
     "alternating runs of the two trees) went from 120-137 to 92-97 ms global and from 136-154 to 87-111 ms "
-    "hierarchical; the previous recorded run's 68/70 ms were measured on a faster machine, where EPLB greedy took "
+    "hierarchical, and the allocator setting alone took 89-114 ms to 51-64 ms (both modes); the previous recorded "
+    "run's 68/70 ms were measured on a faster machine, where EPLB greedy took "
     "8 ms against 11-21 ms here. New: the `informed` "
     "column, the reachable ceiling of any planner that sees only the past. It is given the trace process "
     "itself (`trace.FamilyProcess`: the popularity behind the last window, the family's fixed parts, the "
@@ -121,6 +125,7 @@ def decayed(hist: np.ndarray, decay: float = DECAY) -> np.ndarray:
 
 
 def run_case(case: tuple[str, int, int, bool, int]) -> dict:
+    keep_freed_memory()  # as the balancer's commands do (ascend_runtime/allocator.py)
     family, ranks, slots, hier, seed = case
     process = FamilyProcess(family, seed=seed * 1000 + FAMILIES.index(family))  # = family_trace's windows
     hist = np.stack([process.step() for _ in range(HISTORY)])
@@ -171,6 +176,7 @@ def timing(seed: int) -> dict:
     measured alternately so both see the same machine load; CPU time of this process (other processes on
     the shared machine do not count, their cache and memory traffic still does); ``"load"``: 1-minute
     load average."""
+    keep_freed_memory()  # as the balancer's commands do (ascend_runtime/allocator.py)
     out = {"load": os.getloadavg()[0]}
     for hier in (False, True):
         trace = family_trace("random_walk", HISTORY, seed=seed)

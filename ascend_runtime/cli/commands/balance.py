@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ascend_runtime.allocator import keep_freed_memory
 from ascend_runtime.cli.stackargs import add_stack_options, env_secret, input_error, path_arg
 
 PLAN_POLICIES = ("ours", "greedy", "swift_balancer", "flashlb")
@@ -258,6 +259,7 @@ def _plan_one(policy: str, hist: np.ndarray, args: argparse.Namespace, previous:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Plan a map from a load file or history; print balancedness on the last window and moved slots."""
+    keep_freed_memory()  # planning's numpy temporaries reuse the heap (ascend_runtime/allocator.py)
     from ascend_runtime.balancer.eplb_greedy import trivial_placement
     from ascend_runtime.balancer.expert_map import (
         InvalidExpertMap,
@@ -366,6 +368,7 @@ def _load_dir(path: str) -> tuple[dict[str, np.ndarray] | None, int]:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Replay recorded load per stage; print the table, the recommendation as YAML, and write the plot."""
+    keep_freed_memory()  # planning's numpy temporaries reuse the heap (ascend_runtime/allocator.py)
     from ascend_runtime.balancer import evaluate as ev
     from ascend_runtime.balancer.png import line_chart
 
@@ -539,6 +542,7 @@ class _WithSimToken:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Build the daemon from arguments and run it until interrupted."""
+    keep_freed_memory()  # planning's numpy temporaries reuse the heap (ascend_runtime/allocator.py)
     from ascend_runtime.balancer.apply import (
         DrainRestartApplier,
         NoopApplier,
