@@ -169,17 +169,12 @@ def pack_lpt(ids: np.ndarray, w: np.ndarray, ranks: int, slots: int, n: int) -> 
     return out
 
 
-def pack_rounds(ids: np.ndarray, w: np.ndarray, ranks: int, slots: int, ordered: bool = False) -> np.ndarray:
+def pack_rounds(ids: np.ndarray, w: np.ndarray, ranks: int, slots: int) -> np.ndarray:
     """Round-robin LPT: ``slots`` rounds; each deals the next ``ranks`` heaviest items,
-    heaviest to the currently lightest rank. ``[B, P]`` -> ids ``[B, R, S]`` (duplicates possible).
-    ``ordered``: the items are already heaviest first (:func:`_items_heaviest_first`)."""
+    heaviest to the currently lightest rank. ``[B, P]`` items heaviest first
+    (:func:`_items_heaviest_first`) -> ids ``[B, R, S]`` (duplicates possible)."""
     rows, total = ids.shape
-    if ordered:
-        ws, es = w.reshape(rows, slots, ranks), ids.reshape(rows, slots, ranks)
-    else:
-        order = np.argsort(-w, axis=1)
-        ws = np.take_along_axis(w, order, axis=1).reshape(rows, slots, ranks)
-        es = np.take_along_axis(ids, order, axis=1).reshape(rows, slots, ranks)
+    ws, es = w.reshape(rows, slots, ranks), ids.reshape(rows, slots, ranks)
     out = np.empty((rows, ranks, slots), dtype=np.int64)
     # round 0 deals to empty ranks in order; its loads are then sorted heaviest first, so round 1's
     # lightest-first order is the reverse (equal loads in either order); later rounds sort
@@ -339,12 +334,12 @@ def solve_batch(
     counts = water_fill(hedged, ranks * slots, ranks)
     if slots <= 2:
         item_ids, item_w = _items_heaviest_first(counts, np.maximum(weight, 0.0))
-        packed = pack_rounds(item_ids, item_w, ranks, slots, ordered=True)
+        packed = pack_rounds(item_ids, item_w, ranks, slots)
     else:
         item_ids, item_w = _items(counts, np.maximum(weight, 0.0))
         packed = pack_lpt(item_ids, item_w, ranks, slots, n)
     ids = repair_duplicates(packed)
-    return refine_swaps(ids, np.maximum(weight, 0.0) / counts, rounds) if rounds > 0 else ids
+    return refine_swaps(ids, np.maximum(weight, 0.0) / counts, rounds)
 
 
 def _peaks(ids: np.ndarray, weight: np.ndarray) -> np.ndarray:

@@ -40,7 +40,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from ascend_runtime.proxy.pd import RecomputeTracker, sse_events
+from ascend_runtime.proxy.pd import RecomputeTracker, sse_events, with_text
 from ascend_runtime.proxy.relay import DecodeConnection, deframe
 
 #: a stream with fewer tokens than this left finishes where it is (a re-prefill would cost more)
@@ -117,11 +117,9 @@ def continuation_request(tracker: MigrationTracker) -> dict[str, Any]:
     if tracker.chat:
         messages = req["messages"]
         last = messages[-1]
-        content = last.get("content")
-        if req.get("continue_final_message") and isinstance(content, str):
-            last["content"] = content + text
-        elif req.get("continue_final_message") and isinstance(content, list):  # content parts: one more text part
-            last["content"] = [*content, {"type": "text", "text": text}]
+        continued = with_text(last.get("content"), text) if req.get("continue_final_message") else None
+        if continued is not None:
+            last["content"] = continued
         else:
             messages.append({"role": "assistant", "content": text})
             req["add_generation_prompt"] = False

@@ -150,14 +150,18 @@ def _continued_messages(messages: Any, generated: str) -> list[Any]:
     if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
         return [{"role": "user", "content": generated}]
     first = dict(messages[0])
-    content = first.get("content")
-    if isinstance(content, list):
-        first["content"] = [*content, {"type": "text", "text": generated}]
-    elif isinstance(content, str):
-        first["content"] = content + generated
-    else:
-        first["content"] = generated
+    first["content"] = with_text(first.get("content"), generated) or generated
     return [first, *messages[1:]]
+
+
+def with_text(content: Any, text: str) -> str | list[Any] | None:
+    """A chat message's ``content`` with ``text`` appended in its own form (vLLM 0.23.0 chat protocol): a
+    string gets it appended, a list of content parts one more text part; None for any other content."""
+    if isinstance(content, str):
+        return content + text
+    if isinstance(content, list):
+        return [*content, {"type": "text", "text": text}]
+    return None
 
 
 @dataclass
