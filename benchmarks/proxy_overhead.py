@@ -496,10 +496,23 @@ async def relay_vs_nginx(args: argparse.Namespace) -> dict:
         pids = proc_tree(proxy.pid)
         await run_load(floor_url, 16, 16, 0.0, 1.0)
         await run_load(pd_floor_url, 16, 16, 0.0, 1.0)
+        urls = {"nginx": (nginx_url, nginx_worker), "proxy": (proxy_url, pids), "pd_floor": (pd_floor_url, pd_floor.pid),
+                "floor": (floor_url, floor.pid)}
         for i in range(args.repeats):
             order = (("nginx", "proxy", "pd_floor", "floor") if i % 2 == 0
                      else ("proxy", "nginx", "floor", "pd_floor"))
             got = {}
+            if args.concurrent:  # all four relays in the same window: the same machine conditions for each
+                share = max(1, c // 2)
+                ch0 = await proxy_counter(proxy_url, "ascend_proxy_relayed_chunks_total")
+                ev0 = await proxy_counter(proxy_url, "ascend_proxy_relayed_events_total")
+                runs = await asyncio.gather(*(run_load(urls[w][0], share, tokens, gap, args.duration_s,
+                                                       cpu_pid=urls[w][1]) for w in order))
+                got = dict(zip(order, runs))
+                ch = await proxy_counter(proxy_url, "ascend_proxy_relayed_chunks_total") - ch0
+                ev = await proxy_counter(proxy_url, "ascend_proxy_relayed_events_total") - ev0
+                got["proxy"]["events_per_write"] = ev / max(1.0, ch)
+                order = ()
             for which in order:
                 if which == "pd_floor":
                     got["pd_floor"] = await run_load(pd_floor_url, c, tokens, gap, args.duration_s, cpu_pid=pd_floor.pid)
@@ -525,7 +538,8 @@ async def relay_vs_nginx(args: argparse.Namespace) -> dict:
         for p in (proxy, stub, nginx, floor, pd_floor):
             p.terminate()
             p.wait(timeout=10)
-    return {"streams": c, "gap": gap, "tokens": tokens, "pairs": pairs}
+    return {"streams": max(1, c // 2) if args.concurrent else c, "gap": gap, "tokens": tokens, "pairs": pairs,
+            "concurrent": bool(args.concurrent)}
 
 
 async def sample_inflight(stub_url: str, stop: asyncio.Event, samples: list[list[int]]) -> None:
@@ -606,7 +620,9 @@ def render_relay(args: argparse.Namespace, rel: dict | None, scaling: list[dict]
     from benchmarks.report import machine_line
 
     cmd = "python -m benchmarks.proxy_overhead " + " ".join(sys.argv[1:])
-    out = ["## PD proxy relay cost vs nginx and worker scaling (`benchmarks/proxy_overhead.py`)", "",
+    title = ("PD proxy relay cost vs nginx, all relays at once" if rel is not None and rel.get("concurrent")
+             else "PD proxy relay cost vs nginx and worker scaling")
+    out = [f"## {title} (`benchmarks/proxy_overhead.py`)", "",
            f"Command: `{cmd}`  ",
            f"Machine: {machine_line()}, {os.cpu_count()} cores shared by stub, proxy, nginx and load generator; "
            f"load average before the run: {args.loadavg}.", ""]
@@ -616,11 +632,15 @@ def render_relay(args: argparse.Namespace, rel: dict | None, scaling: list[dict]
         med = {w: median_dict([p[w] for p in rel["pairs"]]) for w in ("nginx", "proxy", "pd_floor", "floor")}
         out += [
             f"Relay cost at one token per SSE event: {rel['streams']} streams, token gap {rel['gap'] * 1e3:.1f} ms "
-            f"({args.relay_rate:g} tokens/s offered), {rel['tokens']} tokens/request, {args.duration_s:g} s per run; "
+            f"({rel['streams'] / rel['gap']:g} tokens/s offered), {rel['tokens']} tokens/request, "
+            f"{args.duration_s:g} s per run; "
             "nginx 1.22 (one worker, `proxy_buffering off`, upstream keep-alive) relays the stub decode directly, "
             "the proxy (one worker) runs the full PD flow (prefill request, then the decode stream relayed). "
             "CPU = utime + stime from /proc/<pid>/stat of the nginx worker and of the proxy process. "
-            f"Runs alternate nginx / proxy (then the two floors), {args.repeats} rounds; medians.", "",
+            + (f"The four relays run at once, each with its own {rel['streams']} streams, so each round measures "
+               "them all under the same machine conditions (CPU over the same window); "
+               if rel.get("concurrent") else "Runs alternate nginx / proxy (then the two floors), ")
+            + f"{args.repeats} rounds; medians.", "",
             "| relay | tokens/s | CPU s | tokens per CPU-second | token latency p50 / p99 (ms) | errors |",
             "|---|---|---|---|---|---|",
         ]
@@ -632,10 +652,10 @@ def render_relay(args: argparse.Namespace, rel: dict | None, scaling: list[dict]
             out.append(f"| {names[w]} | {m['tok_s']:.0f} | {m['proxy_cpu_s']:.2f} | {m['tok_per_cpu_s']:.0f} "
                        f"| {m['lat_p50']:.2f} / {m['lat_p99']:.2f} | {m['errors']:.0f} |")
         out += ["", f"Proxy / nginx tokens per CPU-second: median **{statistics.median(ratios):.2f}x** "
-                    f"(per pair: {', '.join(f'{r:.2f}' for r in ratios)}); goal >= 0.9x. "
+                    f"(per {'round' if rel.get('concurrent') else 'pair'}: {', '.join(f'{r:.2f}' for r in ratios)}); goal >= 0.9x. "
                     f"SSE events per proxy write: {med['proxy']['events_per_write']:.2f}. "
                     f"PD floor / nginx: median {statistics.median(pd_ratios):.2f}x "
-                    f"(per pair: {', '.join(f'{r:.2f}' for r in pd_ratios)}): the PD flow alone (hand-parsed "
+                    f"(per {'round' if rel.get('concurrent') else 'pair'}: {', '.join(f'{r:.2f}' for r in pd_ratios)}): the PD flow alone (hand-parsed "
                     "client request, prefill round trip and decode request on pooled engine connections "
                     "that never expire, decode bytes relayed as read; no limits, timeouts, validation, "
                     "metrics, routing, retries or error handling; `serve_pd_floor`). "
@@ -722,6 +742,9 @@ def main() -> None:
     ap.add_argument("--relay-streams", type=int, default=256)
     ap.add_argument("--relay-rate", type=float, default=8000.0, help="tokens/s offered in the nginx comparison")
     ap.add_argument("--relay-tokens", type=int, default=256, help="tokens per request in the nginx comparison")
+    ap.add_argument("--concurrent", action="store_true",
+                    help="nginx comparison: run the four relays at once (half the streams each, the same token "
+                         "gap) instead of one after another")
     ap.add_argument("--scaling-streams", type=int, default=512)
     ap.add_argument("--scaling-rate", type=float, default=60000.0, help="tokens/s offered in the worker scaling")
     args = ap.parse_args()
@@ -745,6 +768,14 @@ def main() -> None:
     if args.nginx or args.workers_scaling:
         rel = asyncio.run(relay_vs_nginx(args)) if args.nginx else None
         scaling = asyncio.run(worker_scaling(args)) if args.workers_scaling else None
+        if rel is not None and args.concurrent:  # its own section: the one-after-another record is kept
+            md = render_relay(args, rel, None)
+            print(md)
+            if args.write:
+                write_section("proxy_relay_concurrent", md)
+            if scaling is None:
+                return
+            rel = None
         md = render_relay(args, rel, scaling, previous_scaling() if scaling is None else None)
         print(md)
         if args.write:
