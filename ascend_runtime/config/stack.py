@@ -319,6 +319,11 @@ class SimulatorConfig(_Strict):
     image: ImageRef = Field("ascend-deploy-runtime:dev", description="Runtime image running the simulator on kind.")
 
 
+#: MindCluster release whose device plugin manifest the kit creates (``render/objects/device_plugin.py`` ``RELEASE``,
+#: image tag ``v26.1.0`` set by its build.sh); the image tag must be of that release.
+DEVICE_PLUGIN_RELEASE = "v26.1.0"
+
+
 class DevicePluginConfig(_Strict):
     """The Ascend device plugin, installed only when the cluster lacks it.
 
@@ -335,8 +340,22 @@ class DevicePluginConfig(_Strict):
     # "Obtain Atlas Device Plugin Image Online": AscendHub on swr.cn-south-1.myhuaweicloud.com)
     image: ImageRef = Field("swr.cn-south-1.myhuaweicloud.com/ascendhub/ascend-k8sdeviceplugin",
                             description="Device plugin image (without tag).")
-    version: str = Field("v26.1.0", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
-                         description="Device plugin image tag: the pinned MindCluster release (v26.1.0).")
+    version: str = Field(DEVICE_PLUGIN_RELEASE, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
+                         description="Device plugin image tag: the pinned MindCluster release (v26.1.0), or a tag "
+                         "that begins with it and a '-', '_' or '.' (a rebuild of that release).")
+
+    @field_validator("version")
+    @classmethod
+    def _release_of_the_manifest(cls, value: str) -> str:
+        # The objects are the release's own manifest (its args, mounts, RBAC): an image of another release
+        # reads other flags (an unknown one makes the plugin exit at start) and other kubelet paths.
+        if value != DEVICE_PLUGIN_RELEASE and not re.fullmatch(re.escape(DEVICE_PLUGIN_RELEASE) + r"[-_.][A-Za-z0-9_.-]*",
+                                                               value):
+            raise invalid(f"the kit creates MindCluster {DEVICE_PLUGIN_RELEASE}'s device plugin manifest, and an image "
+                          "of another release reads other flags and paths",
+                          f"use {DEVICE_PLUGIN_RELEASE}, or a tag that begins with {DEVICE_PLUGIN_RELEASE}- for a rebuild "
+                          "of it; another release needs its manifest in ascend_runtime/render/objects/device_plugin.py")
+        return value
 
     @field_validator("image")
     @classmethod

@@ -15,6 +15,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from pydantic import ValidationError
 import yaml
 
 from ascend_runtime.config.stack import DevicePluginConfig
@@ -151,6 +152,22 @@ def test_default_version_is_the_pinned_release_tag() -> None:
     assert RELEASE.tag == "v26.1.0" and RELEASE.commit == "9e132e216bb7b81f4a2742a4ac6d3b50754e8a77"
     assert DevicePluginConfig().version == RELEASE.image_tag == "v26.1.0"
     assert load_plan(STACK).config["kubernetes"]["device_plugin"]["version"] == RELEASE.image_tag
+
+
+@pytest.mark.parametrize("tag", ["v6.0.0", "v26.0.0", "latest", "abc", "v26.1.01", "26.1.0"])
+def test_an_image_of_another_release_than_the_manifest_is_refused(tag: str) -> None:
+    """The DaemonSet is v26.1.0's manifest: an image of another release reads other flags (and exits on one it
+    does not know), so its tag is refused with the field named and the fix."""
+    with pytest.raises(ValidationError) as err:
+        DevicePluginConfig(version=tag)
+    (problem,) = err.value.errors()
+    assert problem["loc"] == ("version",)
+    assert "v26.1.0" in problem["msg"] and "rebuild of it" in problem["ctx"]["hint"]  # the fix
+
+
+@pytest.mark.parametrize("tag", ["v26.1.0", "v26.1.0-hotfix1", "v26.1.0_arm64", "v26.1.0.2"])
+def test_the_release_and_its_rebuilds_are_accepted(tag: str) -> None:
+    assert DevicePluginConfig(version=tag).version == tag
 
 
 def _git(*args: str) -> str:
