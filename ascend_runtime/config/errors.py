@@ -52,6 +52,11 @@ MIN_INTERVAL_S = 0.01
 MAX_COUNT = 1 << 20
 #: Highest request rate (requests/s) a stack may be sized or checked for: far above any deployment's.
 MAX_REQUEST_RATE = 1_000_000.0
+#: Highest simulator speedup a stack or ``sim --speedup`` may ask for. The simulator divides every modelled
+#: time by it, the time a prefill holds KV for its decode (``kv_timeout_s``, 120 modelled s) too, while the
+#: proxy's and the HTTP stack's own time does not shrink: at 10,000 that hold is 12 ms of wall time and a
+#: local PD stack fails requests (KV freed before the decode pulls it); at 1,000 (120 ms) it serves them.
+MAX_SIM_SPEEDUP = 1000.0
 
 
 def shorten(value: Any, limit: int = VALUE_LIMIT) -> Any:

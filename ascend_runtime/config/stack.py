@@ -33,6 +33,7 @@ from ascend_runtime.config.errors import (
     MAX_COUNT,
     MAX_DURATION_S,
     MAX_REQUEST_RATE,
+    MAX_SIM_SPEEDUP,
     MIN_INTERVAL_S,
     AbsolutePath,
     DnsLabel,
@@ -312,8 +313,10 @@ class ThroughputCheckConfig(_Strict):
 class SimulatorConfig(_Strict):
     """Engine simulator settings, used only by the explicit `local` and `kind` targets."""
 
-    speedup: float = Field(1.0, ge=0.001, description="Divides all simulated time (at least 0.001: a thousand times "
-                           "slower than modelled).")
+    speedup: float = Field(1.0, ge=0.001, le=MAX_SIM_SPEEDUP,
+                           description="Divides all simulated time (at least 0.001: a thousand times slower than "
+                           "modelled; at most 1000: faster, the KV a prefill holds for its decode expires before "
+                           "the decode can pull it).")
     startup_delay_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, description="Seconds before /health turns 200 (at most a day).")
     link_gbps: float = Field(50.0, gt=0, description="Modelled KV link rate between nodes (GB/s).")
     image: ImageRef = Field("ascend-deploy-runtime:dev", description="Runtime image running the simulator on kind.")

@@ -101,6 +101,8 @@ def stack_cases() -> list[Sweep]:
         key("pd-ready-huge", "pd_ratio.ready_timeout_s", 1e6, day),
         key("startup-delay-huge", "simulator.startup_delay_s", 1e308, day),
         key("speedup-tiny", "simulator.speedup", 1e-308, ("0.001",)),
+        key("speedup-huge", "simulator.speedup", 10000, ("1000",)),  # KV freed before the decode pulls it
+        key("speedup-astronomic", "simulator.speedup", 1e300, ("1000",)),
         key("startup-probe-huge", "kubernetes.startup_probe_seconds", 10 ** 12, day),
         key("grace-huge", "kubernetes.termination_grace_seconds", 10 ** 19, day),
         key("checks-timeout-huge", "kubernetes.checks_timeout_seconds", 10 ** 19, day),
@@ -182,6 +184,7 @@ def flag_cases() -> list[Sweep]:
         ("kv-timeout-huge", ("--kv-timeout-s", BIG), "--kv-timeout-s", ("86400",)),
         ("startup-delay-huge", ("--startup-delay", BIG), "--startup-delay", ("86400",)),
         ("speedup-tiny", ("--speedup", "1e-308"), "--speedup", ("0.001",)),
+        ("speedup-huge", ("--speedup", "10000"), "--speedup", ("1000",)),
         ("port-is-kv-port", ("--port", "18999", "--kv-port", "18999"), "--kv-port", ("also --port",)),
         ("expert-map-deep", ("--expert-map", "{fx}/deep.json"), "--expert-map", ("nested too deeply",)),
         ("expert-map-null", ("--expert-map", "{fx}/null.json"), "--expert-map", ()),

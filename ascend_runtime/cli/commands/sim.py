@@ -14,6 +14,7 @@ import sys
 
 from pydantic import ValidationError
 
+from ascend_runtime.config.errors import MAX_SIM_SPEEDUP
 from ascend_runtime.sim.config import SimConfig
 
 
@@ -39,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="Per DP rank.")
     p.add_argument("--redundant-experts", type=int, default=0)
     p.add_argument("--mtp", action="store_true", help="One MTP layer (90%% draft acceptance).")
-    p.add_argument("--speedup", type=float, default=1.0, help="Divides every modelled time (default 1).")
+    p.add_argument("--speedup", type=float, default=1.0, help="Divides every modelled time (default 1; 0.001 to 1000).")
     p.add_argument("--startup-delay", type=float, default=0.0, help="Wall seconds /health answers 503.")
     p.add_argument("--link-gbps", type=float, default=None, help="PD KV link rate, Gbit/s (default by hardware).")
     p.add_argument("--kv-timeout-s", type=float, default=120.0, help="Prefill frees unpulled KV after this.")
@@ -155,7 +156,7 @@ def check_options(args: argparse.Namespace) -> int | None:
         *(check_count(f"--{flag.replace('_', '-')}", getattr(args, flag), maximum=MAX_COUNT)
           for flag in ("npus", "dp", "tp", "ep", "nodes", "max_num_seqs", "max_num_batched_tokens", "block_size")),
         check_count("--redundant-experts", args.redundant_experts, 0, maximum=MAX_COUNT),
-        check_number("--speedup", args.speedup, 0.001, strict=False),
+        check_number("--speedup", args.speedup, 0.001, strict=False, maximum=MAX_SIM_SPEEDUP),
         check_duration("--startup-delay", args.startup_delay, strict=False),
         check_number("--link-gbps", args.link_gbps), check_duration("--kv-timeout-s", args.kv_timeout_s),
         check_number("--kv-wire-scale", args.kv_wire_scale, maximum=1.0),
