@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ascend_runtime.proxy.instances import InstanceSpec
+
+
+#: Largest routing weight: a weight multiplies loads of up to millions of tokens, and one near the float limit
+#: turns every score into infinity (all instances tie, so the first one listed takes every request).
+MAX_WEIGHT = 1e6
+#: Most blocks the affinity router uses per prompt block or remembers per instance (its memory grows with it).
+MAX_AFFINITY_BLOCKS = 1 << 20
 
 
 @dataclass(slots=True)
@@ -40,13 +48,15 @@ class RoutingWeights:
     prefill_affinity_capacity_blocks: float = 4096.0
 
     def __post_init__(self) -> None:
-        for name in ("prefill_affinity_weight", "prefill_affinity_home_weight", "prefill_affinity_capacity_blocks"):
+        for name in self.__slots__:  # type: ignore[attr-defined]
             value = getattr(self, name)
-            if not value >= 0 or value == float("inf"):
-                raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value!r}")
-        bt = self.prefill_affinity_block_tokens
-        if not (bt >= 1 and bt == int(bt)):
-            raise ValueError(f"--prefill-affinity-block-tokens must be a whole number >= 1, got {bt!r}")
+            flag = "--" + name.replace("_", "-")
+            if name in ("prefill_affinity_block_tokens", "prefill_affinity_capacity_blocks"):
+                low = 1 if name == "prefill_affinity_block_tokens" else 0
+                if not (math.isfinite(value) and low <= value <= MAX_AFFINITY_BLOCKS and value == int(value)):
+                    raise ValueError(f"{flag} must be a whole number from {low} to {MAX_AFFINITY_BLOCKS}, got {value!r}")
+            elif not (math.isfinite(value) and 0 <= value <= MAX_WEIGHT):
+                raise ValueError(f"{flag} must be a finite number from 0 to {MAX_WEIGHT:g}, got {value!r}")
 
 
 @dataclass(slots=True)

@@ -43,6 +43,17 @@ def _cases(d: Path) -> list[tuple[list[str], str]]:
         (["--max-attempts", "0"], "--max-attempts"), (["--prefill-token-weight", "nan"], "--prefill-token-weight"),
         (["--decode-kv-weight=-1"], "--decode-kv-weight"), (["--log-level", "LOUD"], "--log-level"),
         (["--eject-max-duration-s", "1", "--eject-duration-s", "10"], "--eject-max-duration-s"),
+        # 0 turns active checks off; anything else is a polling interval, never a loop without a pause
+        (["--health-interval-s", "1e-9"], "--health-interval-s"), (["--health-interval-s", "0.001"], "0.01"),
+        # a weight near the float limit makes every score infinite (all instances tie)
+        (["--decode-kv-weight", "1e308"], "--decode-kv-weight"), (["--prefill-affinity-weight", "inf"], "1e+06"),
+        (["--prefill-affinity-home-weight", "nan"], "--prefill-affinity-home-weight"),
+        # whole numbers of blocks, bounded (the routing history's memory grows with the capacity)
+        (["--prefill-affinity-block-tokens", "inf"], "--prefill-affinity-block-tokens"),
+        (["--prefill-affinity-block-tokens", "1.5"], "whole number"),
+        (["--prefill-affinity-block-tokens", "0"], "--prefill-affinity-block-tokens"),
+        (["--prefill-affinity-capacity-blocks", "1e308"], "--prefill-affinity-capacity-blocks"),
+        (["--prefill-affinity-capacity-blocks", "-1"], "--prefill-affinity-capacity-blocks"),
     ]
 
 
@@ -73,4 +84,17 @@ def test_bad_flags_exit_2_naming_the_flag_and_start_nothing(tmp_path: Path, monk
     # the same base with good values starts (the checks refuse only what is wrong)
     with pytest.raises(Started):
         main(BASE + ["--health-interval-s", "0", "--workers", "2", "--decode-kv-weight", "0",
+                     "--prefill-affinity-capacity-blocks", "0", "--prefill-affinity-block-tokens", "64",
                      "--k8s-decode-selector", "app.kubernetes.io/component=decode,role in (leader)"])
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("prefill_affinity_block_tokens", float("inf")), ("prefill_affinity_block_tokens", 2.5),
+    ("prefill_affinity_capacity_blocks", 1e308), ("decode_seq_weight", float("nan")), ("prefill_kv_weight", 1e7),
+    ("prefill_affinity_weight", -1.0),
+])
+def test_routing_weights_built_in_code_refuse_what_the_flags_refuse(field: str, value: float) -> None:
+    from ascend_runtime.proxy.config import RoutingWeights
+
+    with pytest.raises(ValueError, match="--" + field.replace("_", "-")):  # a ValueError, never an OverflowError
+        RoutingWeights(**{field: value})

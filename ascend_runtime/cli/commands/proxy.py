@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import sys
 from pathlib import Path
 
 from ascend_runtime.cli.stackargs import MAX_COUNT
+from ascend_runtime.config.errors import MIN_INTERVAL_S
 from ascend_runtime.proxy.config import (
+    MAX_AFFINITY_BLOCKS,
+    MAX_WEIGHT,
     Limits,
     OutlierPolicy,
     ProxyConfig,
@@ -193,10 +197,16 @@ def check_args(args: argparse.Namespace) -> int | None:
                "header_timeout_s", "body_timeout_s", "body_total_timeout_s")
     counts = ("eject_after", "eject_after_connect_failures", "health_failures", "success_rate_window",
               "success_rate_min_requests", "success_rate_min_hosts", "max_attempts")
-    weights = [f for f in RoutingWeights.__slots__ if not f.startswith("prefill_affinity")]  # type: ignore[attr-defined]
+    blocks = ("prefill_affinity_block_tokens", "prefill_affinity_capacity_blocks")
+    weights = [f for f in RoutingWeights.__slots__ if f not in blocks]  # type: ignore[attr-defined]
 
     def flag(name: str) -> str:
         return "--" + name.replace("_", "-")
+
+    def check_whole(name: str, value: float, low: int) -> int | None:
+        if math.isfinite(value) and low <= value <= MAX_AFFINITY_BLOCKS and value == int(value):
+            return None
+        return input_error(name, f"must be a whole number from {low} to {MAX_AFFINITY_BLOCKS} (got {value!r})")
 
     return first_error(
         check_log_level("--log-level", args.log_level),
@@ -211,13 +221,19 @@ def check_args(args: argparse.Namespace) -> int | None:
         check_dns_label("--k8s-port-name", args.k8s_port_name, "a Service port name"),
         check_env_name("--admin-token-env", args.admin_token_env),
         *(check_number(flag(n), getattr(args, n), maximum=MAX_SECONDS) for n in seconds),
-        check_number("--health-interval-s", args.health_interval_s, strict=False, maximum=MAX_SECONDS),  # 0: off
+        # 0: no active checks; otherwise a polling interval (at least MIN_INTERVAL_S: no check loop without a pause)
+        None if args.health_interval_s == 0 or (math.isfinite(args.health_interval_s) and MIN_INTERVAL_S
+                                                <= args.health_interval_s <= MAX_SECONDS)
+        else input_error("--health-interval-s", f"must be 0 (no active checks) or from {MIN_INTERVAL_S:g} to "
+                         f"{MAX_SECONDS:g} seconds (got {args.health_interval_s!r})"),
         *(check_count(flag(n), getattr(args, n), maximum=MAX_COUNT) for n in counts),
         check_number("--success-rate-stdev-factor", args.success_rate_stdev_factor, strict=False),
         check_number("--failure-percent", args.failure_percent, strict=False, maximum=100.0),
         check_number("--max-ejection-percent", args.max_ejection_percent, strict=False, maximum=100.0),
         check_count("--max-body-bytes", args.max_body_bytes, maximum=1 << 40),
-        *(check_number(flag(n), getattr(args, n), strict=False) for n in weights),
+        *(check_number(flag(n), getattr(args, n), strict=False, maximum=MAX_WEIGHT) for n in weights),
+        check_whole("--prefill-affinity-block-tokens", args.prefill_affinity_block_tokens, 1),
+        check_whole("--prefill-affinity-capacity-blocks", args.prefill_affinity_capacity_blocks, 0),
         input_error("--eject-max-duration-s", f"must be at least --eject-duration-s ({args.eject_duration_s:g})")
         if args.eject_max_duration_s < args.eject_duration_s else None,
     )
