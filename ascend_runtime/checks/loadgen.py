@@ -38,6 +38,13 @@ from ascend_runtime.checks.sse import DONE, SSEDecoder, chunk_text
 _perf = time.perf_counter
 #: Largest token length, request count or concurrency the options take (2^20; prompts are built in memory).
 MAX_COUNT = 1 << 20
+#: Highest ``--burstiness`` (gamma shape of the arrival gaps): at 1000 the gaps are within a few percent of
+#: 1 / rate, as even as arrivals get; far above it, the gamma scale 1 / (rate x shape) underflows to 0.
+MAX_BURSTINESS = 1000.0
+#: Highest ``--request-rate`` (requests/s), as the stack's (config/errors.py MAX_REQUEST_RATE).
+MAX_REQUEST_RATE = 1_000_000.0
+#: Longest the arrivals may take (``--num-prompts`` / ``--request-rate``, seconds): a day, as every duration.
+MAX_ARRIVAL_S = 86_400.0
 Api = Literal["completions", "chat"]
 
 
@@ -80,6 +87,18 @@ class ThroughputConfig:
         for flag, number in positive:
             if number is not None and not (math.isfinite(number) and number > 0):
                 raise ValueError(f"{flag} must be a finite number > 0 (got {number!r})")
+        if self.burstiness > MAX_BURSTINESS:
+            raise ValueError(f"--burstiness must be at most {MAX_BURSTINESS:g} (got {self.burstiness!r}; "
+                             f"{MAX_BURSTINESS:g} already spaces arrivals evenly)")
+        if self.request_rate is not None:
+            if self.request_rate > MAX_REQUEST_RATE:
+                raise ValueError(f"--request-rate must be at most {MAX_REQUEST_RATE:g} requests/s "
+                                 f"(got {self.request_rate!r})")
+            arrivals = self.num_prompts / self.request_rate  # the warm-up is not paced
+            if arrivals > MAX_ARRIVAL_S:
+                raise ValueError(f"--request-rate {self.request_rate:g} spreads --num-prompts {self.num_prompts} "
+                                 f"over {arrivals:.3g} s, more than a day ({MAX_ARRIVAL_S:g} s); raise the rate "
+                                 "or lower --num-prompts")
         if self.api not in ("completions", "chat"):
             raise ValueError("--api must be completions or chat")
         if self.model is not None and not self.model.strip():
@@ -208,14 +227,20 @@ async def run_batch(
     start = _perf()
     tasks: list[asyncio.Task[RequestResult]] = []
     due = start
-    for i, body in enumerate(bodies):
-        if request_rate and i > 0:
-            due += rng.gammavariate(burstiness, 1.0 / (request_rate * burstiness))
-            delay = due - _perf()
-            if delay > 0:
-                await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(body)))
-    results = list(await asyncio.gather(*tasks))
+    try:
+        for i, body in enumerate(bodies):
+            if request_rate and i > 0:
+                due += rng.gammavariate(burstiness, 1.0 / (request_rate * burstiness))
+                delay = due - _perf()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(body)))
+        results = list(await asyncio.gather(*tasks))
+    except BaseException:  # interrupted or failed: no request outlives the batch (nor its session)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     return BatchOutcome(results, _perf() - start, peak)
 
 

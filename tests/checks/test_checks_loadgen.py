@@ -79,6 +79,33 @@ async def test_poisson_arrivals_follow_the_seeded_schedule(fake) -> None:
     assert out.peak_inflight < n  # arrivals spread out, unlike an all-at-once batch
 
 
+async def test_a_batch_that_fails_midway_leaves_no_request_running(fake) -> None:
+    """Arrivals that cannot be drawn (a gamma scale that underflowed) end the batch with that error; the requests
+    already sent are cancelled with it, not left to fail later on a closed session ("Task exception was never
+    retrieved")."""
+    import asyncio
+
+    body = json.dumps({"model": "m", "prompt": "a b", "max_tokens": 50, "stream": True}).encode()
+    async with make_session(10) as s:
+        with pytest.raises(ValueError, match="gammavariate"):
+            await run_batch(s, fake.url + "/v1/completions", [body] * 3, None, 5.0, burstiness=1e308)
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and "run_batch" in repr(t)]
+    assert left == []
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    (dict(request_rate=5.0, burstiness=1e308), "--burstiness"),
+    (dict(request_rate=1e-9), "more than a day"),
+    (dict(request_rate=2e6), "--request-rate"),
+])
+def test_arrival_settings_that_cannot_run_are_refused(options: dict, named: str) -> None:
+    cfg = ThroughputConfig(endpoint="http://127.0.0.1:9", input_len=8, output_len=4, num_prompts=4, **options)
+    with pytest.raises(ValueError, match=named):
+        cfg.validate()
+    ThroughputConfig(endpoint="http://127.0.0.1:9", input_len=8, output_len=4, num_prompts=4, request_rate=5.0,
+                     burstiness=1000.0).validate()  # the bounds themselves are fine
+
+
 @pytest.mark.parametrize(
     ("setting", "value", "error"),
     [("error_after", 2, "stream error event: decode instance lost"), ("omit_done", True, "stream ended without [DONE]"), ("http_status", 503, "HTTP 503")],

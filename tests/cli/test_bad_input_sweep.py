@@ -185,6 +185,7 @@ def flag_cases() -> list[Sweep]:
         ("startup-delay-huge", ("--startup-delay", BIG), "--startup-delay", ("86400",)),
         ("speedup-tiny", ("--speedup", "1e-308"), "--speedup", ("0.001",)),
         ("speedup-huge", ("--speedup", "10000"), "--speedup", ("1000",)),
+        ("seed-negative", ("--seed", "-1"), "--seed", ()),
         ("port-is-kv-port", ("--port", "18999", "--kv-port", "18999"), "--kv-port", ("also --port",)),
         ("expert-map-deep", ("--expert-map", "{fx}/deep.json"), "--expert-map", ("nested too deeply",)),
         ("expert-map-null", ("--expert-map", "{fx}/null.json"), "--expert-map", ()),

@@ -156,6 +156,7 @@ def check_options(args: argparse.Namespace) -> int | None:
         *(check_count(f"--{flag.replace('_', '-')}", getattr(args, flag), maximum=MAX_COUNT)
           for flag in ("npus", "dp", "tp", "ep", "nodes", "max_num_seqs", "max_num_batched_tokens", "block_size")),
         check_count("--redundant-experts", args.redundant_experts, 0, maximum=MAX_COUNT),
+        check_count("--seed", args.seed, 0, maximum=2**63 - 1),  # numpy's generators take non-negative seeds
         check_number("--speedup", args.speedup, 0.001, strict=False, maximum=MAX_SIM_SPEEDUP),
         check_duration("--startup-delay", args.startup_delay, strict=False),
         check_number("--link-gbps", args.link_gbps), check_duration("--kv-timeout-s", args.kv_timeout_s),
