@@ -748,6 +748,8 @@ def main() -> None:
     ap.add_argument("--scaling-streams", type=int, default=512)
     ap.add_argument("--scaling-rate", type=float, default=60000.0, help="tokens/s offered in the worker scaling")
     args = ap.parse_args()
+    if args.concurrent and (args.workers_scaling or not args.nginx):
+        ap.error("--concurrent is a mode of --nginx and writes its own section: run --workers-scaling without it")
     if args.serve_stub:
         serve_stub([int(p) for p in args.serve_stub.split(",")])
         return
@@ -773,9 +775,7 @@ def main() -> None:
             print(md)
             if args.write:
                 write_section("proxy_relay_concurrent", md)
-            if scaling is None:
-                return
-            rel = None
+            return
         md = render_relay(args, rel, scaling, previous_scaling() if scaling is None else None)
         print(md)
         if args.write:
