@@ -163,6 +163,8 @@ def flag_cases() -> list[Sweep]:
                ("max-cycles", "huge", str(10 ** 30), ("1048576",)), ("k", "huge", str(10 ** 30), ("1048576",)),
                ("max-changes-per-hour", "huge", str(10 ** 6), ("3600",)),
                ("prompt-tokens", "huge", BIG, ()), ("state-dir", "a-file", "{fx}/load.npy", ("not a directory",)),
+               # a mean prompt below one token would make prefill demand vanish and move every group to decode
+               ("prompt-tokens", "below-one", "1e-9", (">= 1",)),
            ]]
     serve = [Sweep("balance serve", label, (*SERVE, *argv), fld, frag) for label, argv, fld, frag in [
         ("interval-huge", ("--instance", "a=" + E, "--interval", BIG), "--interval", ("86400",)),

@@ -43,6 +43,8 @@ def _cases(d: Path) -> list[tuple[list[str], str]]:
         (["--max-attempts", "0"], "--max-attempts"), (["--prefill-token-weight", "nan"], "--prefill-token-weight"),
         (["--decode-kv-weight=-1"], "--decode-kv-weight"), (["--log-level", "LOUD"], "--log-level"),
         (["--eject-max-duration-s", "1", "--eject-duration-s", "10"], "--eject-max-duration-s"),
+        # a timeout below a millisecond fails every request (and so ejects every instance)
+        (["--connect-timeout-s", "1e-9"], "0.001"), (["--stream-idle-timeout-s", "0.0001"], "--stream-idle-timeout-s"),
         # 0 turns active checks off; anything else is a polling interval, never a loop without a pause
         (["--health-interval-s", "1e-9"], "--health-interval-s"), (["--health-interval-s", "0.001"], "0.01"),
         # a weight near the float limit makes every score infinite (all instances tie)

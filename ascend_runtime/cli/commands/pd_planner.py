@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    "publish a target or move a group")
     p.add_argument("--target-file", type=path_arg, help="where a change is written as JSON (required without --dry-run)")
     p.add_argument("--prompt-tokens", type=float,
-                   help="mean prompt tokens (the proxy exports none; default: throughput_check.input_len)")
+                   help="mean prompt tokens, at least 1 (the proxy exports none; default: throughput_check.input_len)")
     p.add_argument("--margin", type=float, default=0.15, help="relative margin a change must clear (default 0.15)")
     p.add_argument("--k", type=int, default=3, help="consecutive intervals a change must be wanted (default 3)")
     p.add_argument("--max-changes-per-hour", type=int, default=4)
@@ -69,7 +69,7 @@ def _check_args(args: argparse.Namespace) -> int | None:
         check_count("--k", args.k, maximum=MAX_COUNT),
         check_count("--max-changes-per-hour", args.max_changes_per_hour, 0, maximum=3600),
         check_count("--max-cycles", args.max_cycles, maximum=MAX_COUNT),
-        check_number("--prompt-tokens", args.prompt_tokens, maximum=MAX_COUNT),
+        check_number("--prompt-tokens", args.prompt_tokens, 1.0, strict=False, maximum=MAX_COUNT),  # a mean: >= 1
         check_input_dir("--state-dir", args.state_dir),
         check_http_url("--proxy-metrics", args.proxy_metrics),
         check_port("--metrics-port", args.metrics_port),

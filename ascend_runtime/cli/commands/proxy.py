@@ -174,6 +174,8 @@ async def _serve(cfg: ProxyConfig, args: argparse.Namespace) -> None:
 MAX_WORKERS = 256
 #: Seconds flags: finite and positive, at most a day (an idle stream or a prefill longer than that is a hang).
 MAX_SECONDS = 86400.0
+#: ... and at least a millisecond: a shorter timeout fails every request and ejects every instance.
+MIN_TIMEOUT_S = 0.001
 
 
 def check_args(args: argparse.Namespace) -> int | None:
@@ -220,7 +222,7 @@ def check_args(args: argparse.Namespace) -> int | None:
         check_label_selector("--k8s-decode-selector", args.k8s_decode_selector),
         check_dns_label("--k8s-port-name", args.k8s_port_name, "a Service port name"),
         check_env_name("--admin-token-env", args.admin_token_env),
-        *(check_number(flag(n), getattr(args, n), maximum=MAX_SECONDS) for n in seconds),
+        *(check_number(flag(n), getattr(args, n), MIN_TIMEOUT_S, strict=False, maximum=MAX_SECONDS) for n in seconds),
         # 0: no active checks; otherwise a polling interval (at least MIN_INTERVAL_S: no check loop without a pause)
         None if args.health_interval_s == 0 or (math.isfinite(args.health_interval_s) and MIN_INTERVAL_S
                                                 <= args.health_interval_s <= MAX_SECONDS)
