@@ -49,19 +49,54 @@ def guarded(token: str | None, handler: Handler) -> Handler:
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
             return web.json_response({"error": {"message": "missing or invalid bearer token", "code": 401}},
                                      status=401, headers={"WWW-Authenticate": "Bearer"})
-        return await handler(request)
+        try:
+            return await handler(request)
+        except BadBody as exc:  # nothing was applied: every field is checked before the pool changes
+            return _err(400, str(exc))
 
     return wrapper
+
+
+class BadBody(Exception):
+    """An admin request body of the wrong shape: answered 400 in the proxy's error shape, naming the field."""
 
 
 async def _json(request: web.Request) -> dict[str, Any]:
     try:
         data = json.loads(await request.read() or b"{}")
     except ValueError as exc:
-        raise web.HTTPBadRequest(text=f"invalid JSON: {exc}") from None
+        raise BadBody(f"invalid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise web.HTTPBadRequest(text="expected a JSON object")
+        raise BadBody("expected a JSON object")
     return data
+
+
+def _names(data: dict[str, Any]) -> list[str]:
+    """``names`` (a non-empty list of instance names) or ``[name]``; BadBody naming the field otherwise."""
+    if "names" in data and data["names"] is not None:
+        names = data["names"]
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+            raise BadBody(f"names must be a non-empty list of instance names, got {json.dumps(names)[:80]}")
+        return names
+    return [_name(data)]
+
+
+def _name(data: dict[str, Any]) -> str:
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise BadBody(f"name must be an instance name (a non-empty string), got {json.dumps(name)[:80]}")
+    return name
+
+
+def _instances(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """``instances`` (a non-empty list of objects) or the body itself as the one instance."""
+    if "instances" not in data:
+        return [data]
+    items = data["instances"]
+    if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
+        raise BadBody("instances must be a non-empty list of objects ({\"role\", \"url\", \"name\"?, \"weight\"?}), "
+                      f"got {json.dumps(items)[:80]}")
+    return items
 
 
 class AdminApi:
@@ -104,8 +139,7 @@ class AdminApi:
         return {"instances": [s.snapshot(now) for s in self.pool.all()], "summary": self.pool.summary()}
 
     async def add(self, request: web.Request) -> web.Response:
-        data = await _json(request)
-        items = data.get("instances", [data])
+        items = _instances(await _json(request))
         try:
             specs = [spec_from_mapping(i) for i in items]
             check_unique(specs)
@@ -116,9 +150,8 @@ class AdminApi:
         return await self._everywhere(request, {"added": [s.name for s in specs], **self._listing()})
 
     async def remove(self, request: web.Request) -> web.Response:
-        data = await _json(request)
-        names = data.get("names") or [data.get("name")]
-        missing = [n for n in names if not n or self.pool.get(n) is None]
+        names = _names(await _json(request))
+        missing = [n for n in names if self.pool.get(n) is None]
         if missing:
             return _err(404, f"unknown instance(s): {missing}")
         for name in names:
@@ -127,13 +160,13 @@ class AdminApi:
 
     async def drain(self, request: web.Request) -> web.Response:
         data = await _json(request)
-        name = data.get("name")
+        name = _name(data)
         drain, migrate = data.get("drain", True), data.get("migrate", False)
         if not isinstance(drain, bool) or not isinstance(migrate, bool):
             return _err(400, f"drain and migrate must be true or false, got drain={drain!r}, migrate={migrate!r}")
         if migrate and not drain:
             return _err(400, "migrate needs drain: true (an undrained instance keeps its streams)")
-        if not name or not self.pool.drain(name, drain, migrate):
+        if not self.pool.drain(name, drain, migrate):
             return _err(404, f"unknown instance: {name!r}")
         answer: dict[str, Any] = {"drained" if drain else "undrained": name}
         if migrate:

@@ -53,6 +53,31 @@ async def test_admin_requires_token_and_manages_instances(stubs, proxy, http):
         assert resp.status == 400
 
 
+async def test_admin_bodies_of_every_wrong_shape_get_400_and_change_nothing(stubs, proxy, http):
+    """Each field the admin API reads, set to each JSON type: a 400 in the proxy's error shape naming the field
+    (never a 500), and the instance list as it was."""
+    p = await stubs("prefill", "p0")
+    d0 = await stubs("decode", "d0")
+    px = await proxy(p, d0, admin_token=TOKEN)
+    values = [None, "", "abc", -1, 1e308, True, [], {}, [1], [{}], ["d0"], {"a": 1}]
+    bodies = [("add", {"role": "decode", "url": d0.url, "name": "zz", "instances": v}) for v in values]
+    bodies += [("remove", {"names": v}) for v in values if v not in (None, ["d0"])]
+    bodies += [("remove", {"name": v}) for v in values if v != "abc"]
+    bodies += [("drain", {"name": v}) for v in values if v != "abc"]
+    bodies += [("add", [1, 2]), ("drain", "d0"), ("remove", 7), ("remove", {"name": "abc"}), ("drain", {"name": "abc"})]
+    statuses = set()
+    for route, body in bodies:
+        async with http.post(px.url + f"/admin/instances/{route}", headers=AUTH, json=body) as resp:
+            answer = await resp.json(content_type=None)
+            statuses.add(resp.status)
+            assert resp.status in (400, 404), (route, body, resp.status, answer)
+            assert answer["error"]["code"] == resp.status, answer
+    assert statuses == {400, 404}  # 404: well-formed names that are not instances ("abc")
+    async with http.get(px.url + "/admin/instances", headers=AUTH) as resp:
+        listing = await resp.json()
+    assert {i["name"]: i["draining"] for i in listing["instances"]} == {"p0": False, "d0": False}
+
+
 async def test_admin_disabled_without_token(stubs, proxy, http):
     px = await proxy(await stubs("prefill", "p0"))
     async with http.get(px.url + "/admin/instances", headers=AUTH) as resp:
