@@ -14,6 +14,20 @@ import random
 from typing import Any
 
 
+#: Longest ``added_latency_ms``: a day, as every duration the kit takes (a longer sleep overflows the timer).
+MAX_ADDED_LATENCY_MS = 86_400_000.0
+
+
+def _number(doc: dict[str, Any], key: str, maximum: float) -> float | None:
+    """``doc[key]`` as a finite number within 0..``maximum``, None if absent; ValueError naming ``key``."""
+    if key not in doc:
+        return None
+    value = doc[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= maximum:
+        raise ValueError(f"{key} must be a number within 0..{maximum:g}, got {value!r}")
+    return float(value)
+
+
 class Faults:
     """Current fault settings plus the event the hang waits on."""
 
@@ -30,22 +44,23 @@ class Faults:
         return not self._running.is_set()
 
     def update(self, doc: Any) -> bool:
-        """Apply a faults JSON object; returns whether ``exit`` was requested. Raises ValueError."""
+        """Apply a faults JSON object; returns whether ``exit`` was requested. Raises ValueError naming the field.
+
+        Every field is checked before any is applied, so a refused update changes nothing."""
         if not isinstance(doc, dict):
             raise ValueError("faults must be a JSON object")
         unknown = set(doc) - {"error_rate", "added_latency_ms", "hang", "exit"}
         if unknown:
             raise ValueError(f"unknown fault fields: {sorted(unknown)}")
-        if "error_rate" in doc:
-            rate = float(doc["error_rate"])
-            if not 0.0 <= rate <= 1.0:
-                raise ValueError("error_rate must be within 0..1")
+        rate = _number(doc, "error_rate", 1.0)
+        latency = _number(doc, "added_latency_ms", MAX_ADDED_LATENCY_MS)
+        for flag in ("hang", "exit"):
+            if flag in doc and not isinstance(doc[flag], bool):
+                raise ValueError(f"{flag} must be true or false, got {doc[flag]!r}")
+        if rate is not None:
             self.error_rate = rate
-        if "added_latency_ms" in doc:
-            ms = float(doc["added_latency_ms"])
-            if ms < 0:
-                raise ValueError("added_latency_ms must be >= 0")
-            self.added_latency_ms = ms
+        if latency is not None:
+            self.added_latency_ms = latency
         if "hang" in doc:
             if doc["hang"]:
                 self._running.clear()

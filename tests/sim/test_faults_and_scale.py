@@ -29,6 +29,23 @@ async def test_error_rate_and_latency(sim, http):
         assert r.status == 400
 
 
+async def test_a_refused_fault_update_changes_nothing_and_names_its_field(sim, http):
+    """Every field is checked before any is applied: a bad latency does not leave the error rate half set, and no
+    value reaches the timers (a latency of 1e308 ms, or a hang given as a string)."""
+    h = await sim()
+    for doc, field in (({"error_rate": 0.5, "added_latency_ms": -1}, "added_latency_ms"),
+                       ({"error_rate": 0.5, "added_latency_ms": 1e308}, "added_latency_ms"),
+                       ({"error_rate": "0.5"}, "error_rate"), ({"error_rate": True}, "error_rate"),
+                       ({"error_rate": 0.5, "hang": "no"}, "hang"), ({"exit": 1}, "exit"),
+                       ({"added_latency_ms": float("nan")}, "added_latency_ms")):
+        async with http.post(f"{h.url}/admin/faults", json=doc) as r:
+            assert r.status == 400, doc
+            assert field in (await r.json())["error"]["message"], doc
+    async with http.get(f"{h.url}/admin/faults") as r:
+        assert await r.json() == {"error_rate": 0.0, "added_latency_ms": 0.0, "hang": False}
+    assert await complete(http, h.url) == 200
+
+
 async def test_hang_and_resume(sim, http):
     h = await sim()
     await post_faults(http, h.url, hang=True)
