@@ -34,6 +34,7 @@ from ascend_runtime.checks.http import (
 from ascend_runtime.checks.metrics import SLO, RequestResult, ThroughputResult
 from ascend_runtime.checks.prompts import request_body, size_prompts
 from ascend_runtime.checks.sse import DONE, SSEDecoder, chunk_text
+from ascend_runtime.config.errors import MAX_DURATION_S, MAX_REQUEST_RATE
 
 _perf = time.perf_counter
 #: Largest token length, request count or concurrency the options take (2^20; prompts are built in memory).
@@ -41,10 +42,8 @@ MAX_COUNT = 1 << 20
 #: Highest ``--burstiness`` (gamma shape of the arrival gaps): at 1000 the gaps are within a few percent of
 #: 1 / rate, as even as arrivals get; far above it, the gamma scale 1 / (rate x shape) underflows to 0.
 MAX_BURSTINESS = 1000.0
-#: Highest ``--request-rate`` (requests/s), as the stack's (config/errors.py MAX_REQUEST_RATE).
-MAX_REQUEST_RATE = 1_000_000.0
 #: Longest the arrivals may take (``--num-prompts`` / ``--request-rate``, seconds): a day, as every duration.
-MAX_ARRIVAL_S = 86_400.0
+MAX_ARRIVAL_S = float(MAX_DURATION_S)
 Api = Literal["completions", "chat"]
 
 
