@@ -501,32 +501,19 @@ async def relay_vs_nginx(args: argparse.Namespace) -> dict:
         for i in range(args.repeats):
             order = (("nginx", "proxy", "pd_floor", "floor") if i % 2 == 0
                      else ("proxy", "nginx", "floor", "pd_floor"))
-            got = {}
+            ch0 = await proxy_counter(proxy_url, "ascend_proxy_relayed_chunks_total")
+            ev0 = await proxy_counter(proxy_url, "ascend_proxy_relayed_events_total")
             if args.concurrent:  # all four relays in the same window: the same machine conditions for each
                 share = max(1, c // 2)
-                ch0 = await proxy_counter(proxy_url, "ascend_proxy_relayed_chunks_total")
-                ev0 = await proxy_counter(proxy_url, "ascend_proxy_relayed_events_total")
                 runs = await asyncio.gather(*(run_load(urls[w][0], share, tokens, gap, args.duration_s,
                                                        cpu_pid=urls[w][1]) for w in order))
                 got = dict(zip(order, runs))
-                ch = await proxy_counter(proxy_url, "ascend_proxy_relayed_chunks_total") - ch0
-                ev = await proxy_counter(proxy_url, "ascend_proxy_relayed_events_total") - ev0
-                got["proxy"]["events_per_write"] = ev / max(1.0, ch)
-                order = ()
-            for which in order:
-                if which == "pd_floor":
-                    got["pd_floor"] = await run_load(pd_floor_url, c, tokens, gap, args.duration_s, cpu_pid=pd_floor.pid)
-                elif which == "nginx":
-                    got["nginx"] = await run_load(nginx_url, c, tokens, gap, args.duration_s, cpu_pid=nginx_worker)
-                elif which == "floor":
-                    got["floor"] = await run_load(floor_url, c, tokens, gap, args.duration_s, cpu_pid=floor.pid)
-                else:
-                    ch0 = await proxy_counter(proxy_url, "ascend_proxy_relayed_chunks_total")
-                    ev0 = await proxy_counter(proxy_url, "ascend_proxy_relayed_events_total")
-                    got["proxy"] = await run_load(proxy_url, c, tokens, gap, args.duration_s, cpu_pid=pids)
-                    ch = await proxy_counter(proxy_url, "ascend_proxy_relayed_chunks_total") - ch0
-                    ev = await proxy_counter(proxy_url, "ascend_proxy_relayed_events_total") - ev0
-                    got["proxy"]["events_per_write"] = ev / max(1.0, ch)
+            else:
+                got = {w: await run_load(urls[w][0], c, tokens, gap, args.duration_s, cpu_pid=urls[w][1])
+                       for w in order}
+            ch = await proxy_counter(proxy_url, "ascend_proxy_relayed_chunks_total") - ch0
+            ev = await proxy_counter(proxy_url, "ascend_proxy_relayed_events_total") - ev0
+            got["proxy"]["events_per_write"] = ev / max(1.0, ch)  # only the proxy adds to its counters
             got["ratio"] = got["proxy"]["tok_per_cpu_s"] / got["nginx"]["tok_per_cpu_s"]
             got["pd_floor_ratio"] = got["pd_floor"]["tok_per_cpu_s"] / got["nginx"]["tok_per_cpu_s"]
             print(f"relay repeat {i + 1}: nginx {got['nginx']['tok_per_cpu_s']:.0f} tok/CPU-s, proxy "

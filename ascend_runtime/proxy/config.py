@@ -48,15 +48,29 @@ class RoutingWeights:
     prefill_affinity_capacity_blocks: float = 4096.0
 
     def __post_init__(self) -> None:
-        for name in self.__slots__:  # type: ignore[attr-defined]
-            value = getattr(self, name)
-            flag = "--" + name.replace("_", "-")
-            if name in ("prefill_affinity_block_tokens", "prefill_affinity_capacity_blocks"):
-                low = 1 if name == "prefill_affinity_block_tokens" else 0
-                if not (math.isfinite(value) and low <= value <= MAX_AFFINITY_BLOCKS and value == int(value)):
-                    raise ValueError(f"{flag} must be a whole number from {low} to {MAX_AFFINITY_BLOCKS}, got {value!r}")
-            elif not (math.isfinite(value) and 0 <= value <= MAX_WEIGHT):
-                raise ValueError(f"{flag} must be a finite number from 0 to {MAX_WEIGHT:g}, got {value!r}")
+        problem = weight_problem({name: getattr(self, name) for name in self.__slots__})  # type: ignore[attr-defined]
+        if problem is not None:
+            raise ValueError(" ".join(problem))
+
+
+#: fields of :class:`RoutingWeights` that count blocks (whole numbers) and their least values; the rest are weights
+_BLOCK_FIELDS = {"prefill_affinity_block_tokens": 1, "prefill_affinity_capacity_blocks": 0}
+
+
+def weight_problem(values: dict[str, float]) -> tuple[str, str] | None:
+    """(flag, what is wrong) for the first invalid :class:`RoutingWeights` field in ``values``, or None.
+
+    Weights are finite, 0 to :data:`MAX_WEIGHT`; the block fields whole numbers up to :data:`MAX_AFFINITY_BLOCKS`.
+    """
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        low = _BLOCK_FIELDS.get(name)
+        if low is not None:
+            if not (math.isfinite(value) and low <= value <= MAX_AFFINITY_BLOCKS and value == int(value)):
+                return flag, f"must be a whole number from {low} to {MAX_AFFINITY_BLOCKS}, got {value!r}"
+        elif not (math.isfinite(value) and 0 <= value <= MAX_WEIGHT):
+            return flag, f"must be a finite number from 0 to {MAX_WEIGHT:g}, got {value!r}"
+    return None
 
 
 @dataclass(slots=True)

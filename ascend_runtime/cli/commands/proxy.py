@@ -13,12 +13,11 @@ from pathlib import Path
 from ascend_runtime.cli.stackargs import MAX_COUNT
 from ascend_runtime.config.errors import MIN_INTERVAL_S
 from ascend_runtime.proxy.config import (
-    MAX_AFFINITY_BLOCKS,
-    MAX_WEIGHT,
     Limits,
     OutlierPolicy,
     ProxyConfig,
     RoutingWeights,
+    weight_problem,
 )
 from ascend_runtime.proxy.instances import (
     InstanceSpec,
@@ -199,16 +198,10 @@ def check_args(args: argparse.Namespace) -> int | None:
                "header_timeout_s", "body_timeout_s", "body_total_timeout_s")
     counts = ("eject_after", "eject_after_connect_failures", "health_failures", "success_rate_window",
               "success_rate_min_requests", "success_rate_min_hosts", "max_attempts")
-    blocks = ("prefill_affinity_block_tokens", "prefill_affinity_capacity_blocks")
-    weights = [f for f in RoutingWeights.__slots__ if f not in blocks]  # type: ignore[attr-defined]
+    bad_weight = weight_problem({f: getattr(args, f) for f in RoutingWeights.__slots__})  # type: ignore[attr-defined]
 
     def flag(name: str) -> str:
         return "--" + name.replace("_", "-")
-
-    def check_whole(name: str, value: float, low: int) -> int | None:
-        if math.isfinite(value) and low <= value <= MAX_AFFINITY_BLOCKS and value == int(value):
-            return None
-        return input_error(name, f"must be a whole number from {low} to {MAX_AFFINITY_BLOCKS} (got {value!r})")
 
     return first_error(
         check_log_level("--log-level", args.log_level),
@@ -233,9 +226,7 @@ def check_args(args: argparse.Namespace) -> int | None:
         check_number("--failure-percent", args.failure_percent, strict=False, maximum=100.0),
         check_number("--max-ejection-percent", args.max_ejection_percent, strict=False, maximum=100.0),
         check_count("--max-body-bytes", args.max_body_bytes, maximum=1 << 40),
-        *(check_number(flag(n), getattr(args, n), strict=False, maximum=MAX_WEIGHT) for n in weights),
-        check_whole("--prefill-affinity-block-tokens", args.prefill_affinity_block_tokens, 1),
-        check_whole("--prefill-affinity-capacity-blocks", args.prefill_affinity_capacity_blocks, 0),
+        input_error(*bad_weight) if bad_weight else None,  # proxy/config.py weight_problem, as RoutingWeights checks
         input_error("--eject-max-duration-s", f"must be at least --eject-duration-s ({args.eject_duration_s:g})")
         if args.eject_max_duration_s < args.eject_duration_s else None,
     )
