@@ -14,5 +14,6 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 mkdir -p /run/sshd 2>/dev/null || true
 
-python -m pip install -q -e '.[test]'
+# exact versions from the lock (tools/lock.py writes it), so every machine tests what the last one did
+python -m pip install -q -c requirements.lock -e '.[test]'
 exec python -m pytest -q -p no:cacheprovider "$@"

@@ -140,13 +140,10 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_YAML_DEPTH = 64
 
 
-def _too_deep(text: str, limit: int = MAX_YAML_DEPTH) -> bool:
-    """True when the document nests mappings and lists more than ``limit`` deep.
-
-    Read from the parser's events, which libyaml produces without recursion, before anything is composed:
-    the C composer recurses once per level without a bound and overflows the C stack (a crash, not an
-    exception) on some 50,000 levels, which ``- - - - ...`` writes in 100 KB."""
-    loader = _SAFE_LOADER(text)
+def _first_event_past(loader_class: type, text: str, limit: int) -> yaml.Mark | None:
+    """Where the first mapping or list deeper than ``limit`` starts, read from ``loader_class``'s parser events
+    (produced without recursion, before anything is composed); None when the document stays within it."""
+    loader = loader_class(text)
     depth = 0
     try:
         while loader.check_event():
@@ -154,21 +151,50 @@ def _too_deep(text: str, limit: int = MAX_YAML_DEPTH) -> bool:
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 depth += 1
                 if depth > limit:
-                    return True
+                    return event.start_mark
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
                 depth -= 1
-        return False
+        return None
     finally:
         loader.dispose()
+
+
+def too_deep_at(text: str, limit: int = MAX_YAML_DEPTH) -> yaml.Mark | None:
+    """The position (0-based line and column) where ``text`` first nests mappings and lists more than ``limit``
+    deep, or None.
+
+    The depth is the kit's rule, decided before anything is composed: the C composer recurses once per level
+    without a bound and overflows the C stack (a crash, not an exception) on some 50,000 levels, which
+    ``- - - - ...`` writes in 100 KB. libyaml's own scanner has a nesting limit of its own in some releases
+    (PyYAML 6.0.4 stops flow collections at 1,000 levels, scanning ahead of the parser, with an error of its
+    own wording); when the fast scan stops on any YAML error, PyYAML's pure-Python parser, which has no such
+    limit, reads the events again, so the answer is the same whichever libyaml is installed. A document that is
+    invalid for another reason returns None here and gets its syntax error from the composer."""
+    try:
+        return _first_event_past(_SAFE_LOADER, text, limit)
+    except yaml.YAMLError:
+        if _SAFE_LOADER is yaml.SafeLoader:
+            return None
+    try:
+        return _first_event_past(yaml.SafeLoader, text, limit)
+    except yaml.YAMLError:
+        return None
+
+
+def deep_nesting_message(mark: yaml.Mark, limit: int = MAX_YAML_DEPTH) -> str:
+    """The kit's words for a document nested past ``limit`` at ``mark``."""
+    return (f"nested too deeply at line {mark.line + 1}, column {mark.column + 1} "
+            f"(more than {limit} levels of mappings and lists)")
 
 
 def parse_yaml(text: str, what: str, source: str = "", key_path=_node_path) -> Any:
     """One YAML document; ConfigError for a syntax error (line, column), a duplicate key, an empty document or
     nesting deeper than :data:`MAX_YAML_DEPTH`."""
+    deep = too_deep_at(text)
+    if deep is not None:
+        raise ConfigError.single(what, deep_nesting_message(deep), hint="fix the file's structure", source=source)
     loader = _SAFE_LOADER(text)
     try:
-        if _too_deep(text):
-            raise RecursionError
         node = loader.get_single_node()
         if node is None:
             raise ConfigError.single(what, "the file is empty", hint=f"write the {what} mapping", source=source)

@@ -42,10 +42,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ascend_runtime.config.errors import ConfigError, Problem
+from ascend_runtime.config.loader import parse_yaml, read_text
 from ascend_runtime.hosts.parsers import PARSERS
 
 StepType = Literal["command", "parse", "file", "compare", "set"]
@@ -169,12 +169,7 @@ def load(name_or_path: str, directory: Path | None = None) -> Playbook:
                 "playbook", "no such playbook", name_or_path, hint=f"known: {', '.join(found) or 'none'}"
             )
         path = found[name_or_path]
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ConfigError.single("playbook", f"cannot read {path}: {exc}") from None
-    except RecursionError:
-        raise ConfigError.single("playbook", f"cannot read {path}: nested too deeply to be a playbook") from None
+    data = parse_yaml(read_text(path, "playbook"), "playbook", str(path))
     try:
         return Playbook.model_validate(data)
     except ValidationError as exc:

@@ -277,7 +277,7 @@ def file_cases() -> list[Sweep]:
         Sweep("playbook", "playbook-file-deep", ("playbook", "run", "{fx}/book-deep.yaml", "--stack", "local", "--check"),
               "playbook", ("nested too deeply",)),
         Sweep("playbook", "playbook-file-binary", ("playbook", "run", "{fx}/book-binary.yaml", "--stack", "local",
-                                                   "--check"), "playbook", ("utf-8",)),
+                                                   "--check"), "playbook", ("UTF-8",)),
     ]
     return [*cases, *pb]
 
