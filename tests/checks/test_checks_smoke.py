@@ -130,6 +130,13 @@ def test_cli_smoke_exit_codes_and_lines(threaded_fake, capsys, tmp_path) -> None
     assert "FAIL  proxy GET /health" in text and "1 of 6 items failed: proxy GET /health" in text
 
 
+def test_cli_smoke_json_to_stdout_is_the_json_alone(threaded_fake, capsys) -> None:
+    assert main(["check", "smoke", "--endpoint", threaded_fake.url, "--timeout-s", "5", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["passed"] is True  # stdout parses as one JSON document
+    assert captured.err.count("PASS  ") == 6 and "smoke PASSED" in captured.err  # the text report on stderr
+
+
 @pytest.mark.parametrize("argv", [["--endpoint", "ftp://x"], ["--endpoint", "http://127.0.0.1:1", "--timeout-s", "0"]])
 def test_cli_smoke_bad_input_is_exit_2_naming_the_option(argv, capsys) -> None:
     assert main(["check", "smoke", *argv]) == 2

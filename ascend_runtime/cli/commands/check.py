@@ -92,13 +92,15 @@ def _smoke(args: argparse.Namespace) -> int:
         )
     except EndpointError as exc:
         return _bad(f"--endpoint: {exc}")
+    lines = sys.stderr if args.json_out == "-" else sys.stdout  # with --json -, stdout is the JSON document alone
     for item in report.items:
-        print(item.line())
+        print(item.line(), file=lines)
     n_fail = len(report.failures)
     if report.passed:
-        print(f"smoke PASSED: {len(report.items)} items")
+        print(f"smoke PASSED: {len(report.items)} items", file=lines)
     else:
-        print(f"smoke FAILED: {n_fail} of {len(report.items)} items failed: " + "; ".join(i.name for i in report.failures))
+        print(f"smoke FAILED: {n_fail} of {len(report.items)} items failed: " + "; ".join(i.name for i in report.failures),
+              file=lines)
     if args.json_out:
         text = json.dumps(report.to_dict(), indent=2)
         if args.json_out == "-":
