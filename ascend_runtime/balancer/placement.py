@@ -732,14 +732,37 @@ def _pick(peaks: np.ndarray, cands: list[tuple], config: PlacementConfig) -> int
     return int(np.argmin(total))
 
 
+def greedy_distinct(
+    load: np.ndarray, ranks: int, slots: int, groups: int | None = None, nodes: int | None = None
+) -> np.ndarray:
+    """EPLB greedy on ``load [L, E]`` with no expert twice on one rank -> ids ``[L * blocks, R / blocks, S]``.
+
+    Blocks are the nodes of the hierarchical policy (one block otherwise). Greedy may put two replicas of
+    an expert on one rank, which vLLM-Ascend cannot serve (a rank holds an expert once); each such slot is
+    swapped with a slot of another rank of its block (:func:`repair_duplicates`), which keeps greedy's
+    replica counts. Raises ValueError when greedy gives an expert more replicas than its block has ranks:
+    then no map keeps those counts."""
+    layers, n = load.shape
+    plan = eplb_greedy(load, ranks, slots, groups, nodes)
+    blocks = nodes if (groups and nodes and nodes > 1) else 1
+    ids = plan.reshape(layers * blocks, ranks // blocks, slots)
+    replicas = _presence(ids.reshape(layers * blocks, 1, -1), n)[:, 0]  # per block [L * blocks, E]
+    over = np.argwhere(replicas > ranks // blocks)
+    if over.size:
+        row, expert = (int(i) for i in over[0])
+        where = f"layer {row // blocks}" + (f", node {row % blocks}" if blocks > 1 else "")
+        raise ValueError(f"greedy gives expert {expert} ({where}) {int(replicas[row, expert])} replicas but there are "
+                         f"{ranks // blocks} ranks{' per node' if blocks > 1 else ''}")
+    return repair_duplicates(ids)
+
+
 def _greedy_refined(
     load: np.ndarray, ranks: int, slots: int, groups: int | None, nodes: int | None, rounds: int
 ) -> np.ndarray:
     """EPLB greedy on ``load``, duplicates on a rank removed, then the swap search (inside nodes)."""
     layers, n = load.shape
-    plan = eplb_greedy(load, ranks, slots, groups, nodes)
     blocks = nodes if (groups and nodes and nodes > 1) else 1
-    ids = repair_duplicates(plan.reshape(layers * blocks, ranks // blocks, slots))
+    ids = greedy_distinct(load, ranks, slots, groups, nodes)
     per = load / np.maximum(_presence(ids.reshape(layers, ranks, slots), n).sum(axis=1), 1)
     ids = refine_swaps(ids, np.repeat(per, blocks, axis=0), rounds)
     return ids.reshape(layers, -1)

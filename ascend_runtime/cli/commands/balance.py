@@ -234,9 +234,9 @@ def _check_shape(layers: int, experts: int, ranks: int, slots: int, groups: int 
 def _plan_one(policy: str, hist: np.ndarray, args: argparse.Namespace, previous: np.ndarray | None) -> np.ndarray:
     """Placement ``[L, R*S]`` of ``policy`` from history ``[W, L, E]`` (what the daemon would use)."""
     from ascend_runtime.balancer.baselines import flashlb, swift_balancer
-    from ascend_runtime.balancer.eplb_greedy import eplb_greedy, trivial_placement
+    from ascend_runtime.balancer.eplb_greedy import trivial_placement
     from ascend_runtime.balancer.forecast import LoadForecaster
-    from ascend_runtime.balancer.placement import PlacementConfig, plan_placement
+    from ascend_runtime.balancer.placement import PlacementConfig, greedy_distinct, plan_placement
 
     config = PlacementConfig(min_gain=args.min_gain)
     if policy == "ours":
@@ -248,8 +248,9 @@ def _plan_one(policy: str, hist: np.ndarray, args: argparse.Namespace, previous:
         f = fc.forecast()
         return plan_placement(f.mean, args.ranks, args.slots, args.groups, args.nodes, previous, f.std, config,
                               holdout=f.holdout, last=f.last, history=hist).placement
-    if policy == "greedy":
-        return eplb_greedy(hist[-1], args.ranks, args.slots, args.groups, args.nodes)
+    if policy == "greedy":  # a map vLLM-Ascend serves: no expert twice on one rank
+        layers = hist.shape[1]
+        return greedy_distinct(hist[-1], args.ranks, args.slots, args.groups, args.nodes).reshape(layers, -1)
     if policy == "swift_balancer":
         return swift_balancer.place(hist, args.ranks, args.slots, previous)
     if policy == "flashlb":
@@ -319,6 +320,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         try:
             plans[policy] = _plan_one(policy, hist, args, previous)
         except ValueError as exc:
+            if policy == "greedy":  # no map keeps greedy's replica counts
+                return input_error("--policy greedy", f"{exc}, and vLLM-Ascend holds an expert at most once per rank, so "
+                                                      "no map keeps greedy's replicas; use --policy ours (at most one "
+                                                      "replica per rank) or lower --slots")
             print(f"error: policy {policy}: {exc}", file=sys.stderr)
             return 1
     placement = plans[policies[0]]
