@@ -130,6 +130,12 @@ class InstancePlan:
         """Node names in rank order."""
         return tuple(r.node for r in self.ranks)
 
+    @property
+    def kv_ports(self) -> str:
+        """``first-last`` of the ports the instance's KV connector listens on, over all its ranks."""
+        ports = [r.kv_listen_ports for r in self.ranks]
+        return f"{min(p.start for p in ports)}-{max(p.stop for p in ports) - 1}"
+
 
 @dataclass(frozen=True)
 class NodePlan:

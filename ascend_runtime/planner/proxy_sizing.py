@@ -55,7 +55,9 @@ class ProxyPlan:
                     else "no slo.expected_request_rate, ")
         return (f"proxy: sized for {self.tokens_per_s:,.0f} output tok/s ({expected}decode capacity "
                 f"{self.capacity_tokens_per_s:,.0f}) at {self.relay_tokens_per_cpu_s:,.0f} tok per CPU-s: "
-                f"{self.workers} worker(s) in all, {self.replicas} replica(s) x {self.workers_per_replica} worker(s)")
+                f"{self.workers} worker(s) needed; {self.replicas} replica(s) x {self.workers_per_replica} worker(s) = "
+                f"{self.replicas * self.workers_per_replica} worker(s) in all"
+                + (" (the rate fits with one replica down)" if self.replicas > 1 else ""))
 
 
 def decode_capacity_tokens_per_s(plan: Plan) -> float:

@@ -298,7 +298,6 @@ def deployment_sheet(plan: Plan) -> str:
     """The one-page markdown sheet for operators."""
     instances = []
     for inst in plan.instances:
-        first = inst.ranks[0]
         instances.append(
             {
                 "name": inst.name,
@@ -310,7 +309,7 @@ def deployment_sheet(plan: Plan) -> str:
                 "nodes": ", ".join(inst.nodes),
                 "api": f"{inst.api_host}:{inst.api_port}",
                 "dp_rpc_port": inst.dp_rpc_port,
-                "kv_ports": f"{first.kv_port}-{first.kv_port + inst.npus - 1}",
+                "kv_ports": inst.kv_ports,
                 "buffsize": hccl_buffsize_mb(plan, inst.role),
                 "graph": "on" if graph_mode(plan, inst.role) else "off (eager)",
                 "memory": f"{inst.memory.total_gib} / {inst.memory.budget_gib}",

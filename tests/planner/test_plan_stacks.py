@@ -38,6 +38,25 @@ def test_plan_table_and_json_are_deterministic() -> None:
     assert [i["npus"] for i in data["instances"]] == [16, 32]
 
 
+def test_plan_kv_ports_are_the_instances_and_the_proxy_line_gives_the_total() -> None:
+    """The KV-port column spans every rank's listening block (as DEPLOYMENT.md does), not the first node's;
+    the proxy line's workers "in all" are the replicas' total, the need named as such."""
+    from ascend_runtime.cli.commands.plan import plan_table, summary_lines
+    from ascend_runtime.render.launch import deployment_sheet
+
+    plan = load_plan("cm384-prod")
+    table = plan_table(plan)
+    kv_column = next(c for c in table.columns if c.header == "KV ports")
+    deployment = deployment_sheet(plan)
+    for inst, cell in zip(plan.instances, kv_column._cells):
+        ports = [p for r in inst.ranks for p in r.kv_listen_ports]
+        assert cell == f"{min(ports)}-{max(ports)}" and f"| {cell} |" in deployment, (inst.name, cell)
+    proxy = plan.proxy
+    line = summary_lines(plan)[-1]
+    total = proxy.replicas * proxy.workers_per_replica
+    assert f"{total} worker(s) in all" in line and f"{proxy.workers} worker(s) needed" in line, line
+
+
 def test_cm384_instances_stay_in_one_super_pod() -> None:
     result = run_cli("plan", "--stack", "cm384-prod", "--json")
     assert result.returncode == 0, result.stderr

@@ -28,7 +28,6 @@ def plan_table(plan: Plan) -> Table:
     for column in ("instance", "role", "nodes", "NPUs", "DP/TP/EP", "expert slots", "API", "KV ports", "HBM/NPU (GiB)"):
         table.add_column(column)
     for inst in plan.instances:
-        kv = inst.ranks[0]
         pod = f" (super pod {inst.super_pod_id})" if inst.super_pod_id is not None else ""
         table.add_row(
             inst.name,
@@ -38,7 +37,7 @@ def plan_table(plan: Plan) -> Table:
             f"{inst.dp}/{inst.tp}/{inst.ep}",
             str(inst.expert_slots_per_rank),
             f"{inst.api_host}:{inst.api_port}",
-            f"{kv.kv_port}-{kv.kv_port + kv.kv_port_count - 1}",
+            inst.kv_ports,
             f"{inst.memory.total_gib} / {inst.memory.budget_gib}",
         )
     return table
