@@ -124,6 +124,19 @@ class ThroughputResult:
         good = sum(1 for r in self.requests if self.slo.met_by(r))
         return good / self.duration if self.duration > 0 else 0.0
 
+    def median_misses(self) -> list[tuple[str, float, float]]:
+        """``(metric, median ms, SLO ms)`` for TTFT and TPOT whose median over the completed requests exceeds
+        the SLO: more than half the requests miss it, whatever the goodput threshold lets through."""
+        ok = self.ok
+        medians = (("TTFT", [r.ttft for r in ok], self.slo.ttft_ms),
+                   ("TPOT", [r.tpot for r in ok if r.output_tokens > 1], self.slo.tpot_ms))
+        misses = []
+        for name, values_s, limit_ms in medians:
+            median_ms = float(np.median(values_s)) * 1000.0 if values_s else 0.0
+            if limit_ms is not None and median_ms > limit_ms:
+                misses.append((name, median_ms, limit_ms))
+        return misses
+
     def to_dict(self, detailed: bool = False) -> dict[str, Any]:
         """The result JSON: vLLM bench keys plus ``failed``, ``errors`` and per-NPU figures."""
         ok = self.ok

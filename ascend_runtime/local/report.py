@@ -7,7 +7,9 @@ NPUs would show): latencies = measured x speedup, rates (throughput, goodput)
 = measured / speedup. The SLOs and ``min_goodput`` are real-time figures; the
 load generator judges each request against the SLOs scaled by 1/speedup (wall
 clock), and the goodput it counts per wall second is divided by ``speedup``
-before it is compared with ``min_goodput``.
+before it is compared with ``min_goodput``; the median TTFT and TPOT must be
+within the SLOs too (a low ``min_goodput`` would pass a run most of whose
+requests miss them).
 
 Real time is only what the modelled NPUs would show when the simulators keep
 their sped-up clock. :mod:`.host` measures how far they fell behind (the lag)
@@ -60,15 +62,26 @@ class LocalReport:
         return None if wall is None else wall / self.speedup
 
     @property
+    def latency_misses(self) -> list[str]:
+        """Each median (TTFT, TPOT) over the stack's SLO, in real time: a run most of whose requests miss an
+        SLO fails whatever ``min_goodput`` lets through."""
+        if self.throughput is None:
+            return []
+        return [f"median {name} {median * self.speedup:.0f} ms > slo.{name.lower()}_ms {limit * self.speedup:g} ms "
+                "(real time)" for name, median, limit in self.throughput.median_misses()]
+
+    @property
     def throughput_ok(self) -> bool:
-        """No failed requests and real-time goodput at or above the stack's threshold."""
+        """No failed requests, real-time goodput at or above the stack's threshold, medians within the SLOs."""
         if self.throughput is None:
             return True
-        return self.throughput.failed == 0 and (self.goodput or 0.0) >= self.min_goodput
+        return (self.throughput.failed == 0 and (self.goodput or 0.0) >= self.min_goodput
+                and not self.latency_misses)
 
     @property
     def verdict(self) -> str:
-        """PASS; FAIL (smoke, failed requests, or goodput on a host that kept up); INCONCLUSIVE (goodput, host lagged)."""
+        """PASS; FAIL (smoke, failed requests, or goodput or a median over its SLO on a host that kept up);
+        INCONCLUSIVE (goodput or a median missed while the host lagged)."""
         if not self.smoke.passed:
             return "FAIL"
         if self.throughput_ok:
@@ -87,20 +100,22 @@ class LocalReport:
         verdict = self.verdict
         if verdict == "INCONCLUSIVE":
             assert self.host is not None
-            return (f"checks: INCONCLUSIVE: the smoke check passed and no request failed, but goodput "
-                    f"{self.goodput or 0.0:.3g} req/s < {self.min_goodput:g} was measured while the simulators ran "
+            return (f"checks: INCONCLUSIVE: the smoke check passed and no request failed, but "
+                    f"{'; '.join(self._slo_reasons())} was measured while the simulators ran "
                     f"{self.host.lag:.1f}x behind their clock: {self.host.cause()}. This measures the host, not the "
                     "deployment; re-run on an idle host or with a lower simulator.speedup")
         if verdict == "FAIL" and self.smoke.passed and self.throughput is not None:
-            reasons = []
-            if self.throughput.failed:
-                reasons.append(f"{self.throughput.failed} requests failed")
-            if (self.goodput or 0.0) < self.min_goodput:
-                reasons.append(f"goodput {self.goodput or 0.0:.3g} req/s < {self.min_goodput:g} (real time)")
-            return "checks: FAIL (" + "; ".join(reasons) + ")"
+            failed = [f"{self.throughput.failed} requests failed"] if self.throughput.failed else []
+            return "checks: FAIL (" + "; ".join(failed + self._slo_reasons()) + ")"
         if verdict == "FAIL":
             return "checks: FAIL (smoke check: " + "; ".join(i.name for i in self.smoke.failures) + ")"
         return "checks: PASS"
+
+    def _slo_reasons(self) -> list[str]:
+        """The goodput miss and the medians over the SLOs, in real time."""
+        goodput = [f"goodput {self.goodput or 0.0:.3g} req/s < {self.min_goodput:g} (real time)"
+                   ] if (self.goodput or 0.0) < self.min_goodput else []
+        return goodput + self.latency_misses
 
 
 def _speedup(plan: Plan) -> float:

@@ -30,6 +30,15 @@ def test_goodput_threshold_sets_the_exit_code(threaded_fake, tmp_path, capsys) -
     assert "goodput 0.000 req/s < --min-goodput 0.5" in capsys.readouterr().out
 
 
+def test_a_median_over_its_slo_fails_whatever_the_goodput_threshold(threaded_fake, capsys) -> None:
+    threaded_fake.b.ttft_s, threaded_fake.b.itl_s = 0.03, 0.03  # TPOT about 30 ms for every request
+    ep = ["check", "throughput", "--endpoint", threaded_fake.url, *BASE, "--slo-ttft-ms", "1000"]
+    assert main([*ep, "--slo-tpot-ms", "10", "--min-goodput", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "throughput FAILED" in out and "> --slo-tpot-ms 10" in out and "median TPOT" in out
+    assert main([*ep, "--slo-tpot-ms", "10"]) == 0  # without --min-goodput the SLOs only count goodput (vLLM bench)
+
+
 def test_failed_requests_fail_the_check(threaded_fake, capsys) -> None:
     threaded_fake.b.error_after = 1
     assert main(["check", "throughput", "--endpoint", threaded_fake.url, *BASE]) == 1

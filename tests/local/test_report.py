@@ -116,3 +116,16 @@ def test_metrics_text_and_cpu_samples() -> None:
     assert parse_step_totals("vllm:num_requests_running 1\n") is None
     use = CpuUse.between(CpuSample(0, total=1000, busy=400, ours=100, cpus=2), CpuSample(1, total=1200, busy=560, ours=140, cpus=2))
     assert use is not None and use.ours == pytest.approx(0.4) and use.others == pytest.approx(1.2)
+
+
+def test_a_median_over_the_slo_fails_even_when_goodput_clears_its_threshold() -> None:
+    """40 of 64 requests miss the TTFT SLO (median 4000 ms real time > 3000): goodput 1.2 req/s > 0.1 still FAILs."""
+    fast, slow = _result(n=24, ttft_s=0.1), _result(n=40, ttft_s=0.4)
+    mixed = ThroughputResult(fast.requests + slow.requests, 2.0, slo=SLO(ttft_ms=300, tpot_ms=15))
+    report = LocalReport(_smoke(), mixed, [], min_goodput=0.1, speedup=SPEEDUP, host=_host(1.1))
+    assert report.goodput == pytest.approx(1.2)
+    assert report.verdict == "FAIL"
+    assert "median TTFT 4000 ms > slo.ttft_ms 3000 ms (real time)" in report.verdict_line()
+    assert LocalReport(_smoke(), mixed, [], 0.1, SPEEDUP, _host(6.0, others=1.5)).verdict == "INCONCLUSIVE"
+    assert LocalReport(_smoke(), _result(tpot_s=0.02), [], 0.0, SPEEDUP, _host(1.1)).verdict_line() == (
+        "checks: FAIL (median TPOT 200 ms > slo.tpot_ms 150 ms (real time))")

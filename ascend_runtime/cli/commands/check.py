@@ -199,6 +199,9 @@ def _throughput(args: argparse.Namespace) -> int:
     goodput = data["request_goodput"]
     if args.min_goodput is not None and (goodput or 0.0) < args.min_goodput:
         failures.append(f"goodput {goodput or 0.0:.3f} req/s < --min-goodput {args.min_goodput:g}")
+    if args.min_goodput is not None:  # judged under the SLOs: most requests missing one fails the check
+        failures += [f"median {name} {median:.1f} ms > --slo-{name.lower()}-ms {limit:g}"
+                     for name, median, limit in result.median_misses()]
     if failures:
         print("throughput FAILED: " + "; ".join(failures))
         return 1
