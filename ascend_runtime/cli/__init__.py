@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ascend_runtime import __version__
+from ascend_runtime.cli.parser import SuggestingParser
 
 COMMANDS_PACKAGE = "ascend_runtime.cli.commands"
 COMMANDS_DIR = Path(__file__).resolve().parent / "commands"
@@ -69,7 +70,7 @@ def registered_commands(module: str) -> list[tuple[str, str | None]] | None:
 
 
 def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
-    parser = argparse.ArgumentParser(prog="ascend-deploy", description=DESCRIPTION)
+    parser = SuggestingParser(prog="ascend-deploy", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     return parser, subparsers

@@ -74,3 +74,14 @@ def test_bare_down_stops_the_one_running_stack(state_root: Path, procs, capsys: 
     assert "stack local is down (1 processes stopped)" in capsys.readouterr().out
     assert victim.popen.wait(10) is not None
     assert StackState.load(state_root / "local") is None
+
+
+def test_a_kubernetes_stack_is_not_brought_down_here_and_says_how(state_root: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["down", "--stack", "a2-staging"]) == 0
+    out = capsys.readouterr().out
+    assert "not running" in out and "pulumi destroy -s a2-staging" in out and "kubernetes" in out
+    assert main(["status", "--stack", "kind"]) == 1
+    assert "pulumi destroy -s kind" not in capsys.readouterr().out  # status does not suggest destroying
+    assert main(["down", "--stack", "local"]) == 0
+    assert "pulumi" not in capsys.readouterr().out
