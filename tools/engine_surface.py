@@ -294,6 +294,35 @@ def find_git(tag: str, git_dir: Path | None, cache_dir: Path, download: bool) ->
     return cached
 
 
+def require_upstream(releases: Sequence[Release], git_dir: Path | None, cache_dir: Path, download: bool) -> None:
+    """Before any download: every release read from a git tag can get it (a local repository holds the tag,
+    or ``git ls-remote`` reaches :data:`UPSTREAM_GIT_URL` and it lists the tag); else SourceNotFound naming
+    ``--vllm-ascend-git``. The wheels come first and weigh hundreds of MB, the tag is needed only after them."""
+    for release in releases:
+        if release.ascend_source != "git":
+            continue
+        tag = release.git_tag
+        if git_dir is not None:
+            find_git(tag, git_dir, cache_dir, False)  # raises naming --vllm-ascend-git when the tag is missing
+            continue
+        if _has_tag(DEFAULT_MIRROR, tag) or _has_tag(cache_dir / "vllm-ascend.git", tag):
+            continue
+        if not download:
+            raise SourceNotFound(f"no git repository with tag {tag} and --no-download; set --vllm-ascend-git DIR")
+        print(f"  $ git ls-remote {UPSTREAM_GIT_URL} refs/tags/{tag}", flush=True)
+        try:
+            result = subprocess.run(["git", "ls-remote", "--exit-code", UPSTREAM_GIT_URL, f"refs/tags/{tag}"],
+                                    capture_output=True, text=True, timeout=120, check=False)
+            why = result.stderr.strip().splitlines()[-1:] if result.returncode else []
+            reached = result.returncode == 0
+        except subprocess.TimeoutExpired:
+            reached, why = False, ["no answer in 120 s"]
+        if not reached:
+            raise SourceNotFound(f"cannot read tag {tag} from {UPSTREAM_GIT_URL} ({why[0] if why else 'no such tag'}); "
+                                 "nothing was downloaded: set --vllm-ascend-git DIR to a clone or bare mirror "
+                                 "holding the tag (docs/engine-surfaces.md), or run where GitHub is reachable")
+
+
 def read_git_tag(git_dir: Path, tag: str, package: str) -> Any:
     """The ``package/**.py`` blobs at ``tag`` (``git ls-tree`` + ``git cat-file --batch``)."""
     commit = _git(git_dir, "rev-parse", f"refs/tags/{tag}^{{commit}}").decode().strip()
@@ -484,6 +513,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     surfaces_dir = Path(args.surfaces_dir)
     releases = args.release or sorted(RELEASES, key=lambda v: tuple(int(p) for p in v.split(".")))
     stale = False
+    try:  # before the first wheel download: the upstream tag is needed after hundreds of MB of wheels
+        require_upstream([RELEASES[v] for v in releases], Path(args.vllm_ascend_git) if args.vllm_ascend_git else None,
+                         Path(args.cache_dir) if args.cache_dir else default_cache_dir(), not args.no_download)
+    except SourceNotFound as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     for version in releases:
         release = RELEASES[version]
         try:

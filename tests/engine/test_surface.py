@@ -727,3 +727,16 @@ def _default_sources_present() -> bool:
 @pytest.mark.skipif(not _default_sources_present(), reason="released sources not at their default locations")
 def test_check_against_released_sources(capsys: pytest.CaptureFixture[str]) -> None:
     assert tool.main(["--check", "--no-download"]) == 0, capsys.readouterr().out
+
+
+def test_check_reaches_the_upstream_repository_before_downloading_anything(tmp_path: Path, monkeypatch,
+                                                                            capsys) -> None:
+    """An unreachable vllm-ascend repository stops the run before any wheel is downloaded (hundreds of MB)."""
+    downloads: list[str] = []
+    monkeypatch.setattr(tool, "_pip_download", lambda requirement, dest, recorded: downloads.append(requirement))
+    monkeypatch.setattr(tool, "DEFAULT_MIRROR", tmp_path / "no-mirror")
+    monkeypatch.setattr(tool, "UPSTREAM_GIT_URL", (tmp_path / "unreachable.git").as_uri())
+    assert tool.main(["--check", "--cache-dir", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err
+    assert downloads == []
+    assert "v0.23.0" in err and "--vllm-ascend-git" in err and "nothing was downloaded" in err
