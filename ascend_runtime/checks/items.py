@@ -13,6 +13,11 @@ from typing import Any
 import aiohttp
 
 
+#: Response headers in which the proxy names the instances of the PD pair that served a request.
+PREFILL_HEADER = "x-prefill-instance"
+DECODE_HEADER = "x-decode-instance"
+
+
 class CheckFailed(Exception):
     """An item failed; the message says what failed."""
 

@@ -14,7 +14,8 @@ Built-in items:
   ``[DONE]`` and the PD headers ``x-prefill-instance`` / ``x-decode-instance``
   (which, when instance roles are known, must name a prefill resp. decode
   instance);
-- per instance (from the Plan with ``--stack``): ``/health`` and ``/v1/models``.
+- per instance (from the Plan with ``--stack``): ``/health`` and ``/v1/models``;
+- with the instances known: that each PD pair the proxy chose moved the prompt's KV (kv_handover.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import aiohttp
 
 from ascend_runtime.checks.http import JSON_HEADERS, base_url, make_session
 from ascend_runtime.checks.items import (
+    DECODE_HEADER,
+    PREFILL_HEADER,
     CheckFailed,
     CheckFn,
     CheckItem,
@@ -38,12 +41,11 @@ from ascend_runtime.checks.items import (
     SmokeContext,
     SmokeReport,
 )
+from ascend_runtime.checks.kv_handover import PROMPT_BLOCKS, kv_handover_item
 from ascend_runtime.checks.plan_files import plan_file_items
 from ascend_runtime.checks.prompts import request_body
 from ascend_runtime.checks.sse import DONE, SSEDecoder, chunk_text
 
-PREFILL_HEADER = "x-prefill-instance"
-DECODE_HEADER = "x-decode-instance"
 SMOKE_PROMPT = "Say hello to the Ascend cluster in one short sentence"
 SMOKE_MAX_TOKENS = 8
 
@@ -297,12 +299,14 @@ async def run_smoke(
     model: str | None = None,
     require_pd: bool = True,
     extra_items: Sequence[CheckItem] = (),
+    kv_prompt_blocks: float = PROMPT_BLOCKS,
 ) -> SmokeReport:
     """Run the smoke check against ``endpoint`` (the proxy) and return the report.
 
     ``instances``: explicit (name, url, role) list; ``stack``: load instances
     from the Plan (failure to do so is a failed item, never a skip).
-    ``timeout_s``: per-item bound in seconds.
+    ``timeout_s``: per-item bound in seconds. With PD required and decode instances known, the KV
+    handover item (kv_handover.py) probes with prompts of ``kv_prompt_blocks`` engine blocks.
     """
     base = base_url(endpoint)
     items = proxy_items()
@@ -313,6 +317,8 @@ async def run_smoke(
         items.extend(plan_items)
     elif insts:
         items.extend(instance_items(insts))
+    if require_pd and any(i.role == "decode" for i in insts):
+        items.append(kv_handover_item(kv_prompt_blocks))
     items.extend(extra_items)
     async with make_session(timeout_s) as session:
         ctx = SmokeContext(session, base, timeout_s, model=model, instances=insts, require_pd=require_pd)

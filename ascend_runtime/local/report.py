@@ -119,7 +119,10 @@ class LocalReport:
 
 
 def _speedup(plan: Plan) -> float:
-    return float(plan.config["simulator"]["speedup"]) if plan.target in ("local", "kind") else 1.0
+    """How much faster than real time the stack's engines run: the simulator's speedup, else 1."""
+    simulated = plan.target == "kind" or (plan.target == "local" and plan.config.get("local_engine", {}).get(
+        "kind", "simulator") == "simulator")
+    return float(plan.config["simulator"]["speedup"]) if simulated else 1.0
 
 
 def throughput_config(plan: Plan, num_prompts: int | None = None, progress: bool = True) -> ThroughputConfig:
@@ -226,7 +229,12 @@ def run_checks(plan: Plan, state_dir: Path, num_prompts: int | None = None, prog
     """Smoke (proxy and every instance of the Plan) then a short throughput check; result JSON in the state dir."""
     from ascend_runtime.checks import run_smoke_sync, run_throughput_sync  # noqa: PLC0415
     from ascend_runtime.checks.smoke import Instance  # noqa: PLC0415
+    from ascend_runtime.local.topology import engine_kind  # noqa: PLC0415
 
+    if engine_kind(plan) == "vllm-cpu":
+        from ascend_runtime.local.vllm_engine.checks import run_real_engine_checks  # noqa: PLC0415
+
+        return run_real_engine_checks(plan, state_dir, num_prompts, progress)
     instances = [Instance(i.name, i.api_url, i.role) for i in plan.instances]
     smoke = run_smoke_sync(plan.proxy_url, instances=instances, timeout_s=30.0)
     lines = [item.line() for item in smoke.items]

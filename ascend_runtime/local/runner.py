@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from ascend_runtime.local.monitoring import write_monitoring_files
 from ascend_runtime.local.processes import (
     http_ok,
     is_alive,
@@ -217,12 +218,15 @@ def start_all(plan: Plan, state_dir: Path, stacks_dir: str | None = None) -> Sta
     tokens = write_tokens(state_dir)
     state = StackState(stack=plan.stack, proxy_url=plan.proxy_url, started_at=time.time(),
                        speedup=float(plan.config["simulator"]["speedup"]))
+    specs = local_processes(plan, state_dir, stacks_dir)
+    write_monitoring_files(plan, specs, state_dir)
     try:
-        for spec in local_processes(plan, state_dir, stacks_dir):
+        for spec in specs:
             log = state_dir / "logs" / f"{spec.name}.log"
             with signals_held():  # a signal here must not leave a started process unrecorded
                 # only the tokens this process uses, none inherited from the caller's environment
-                pid = start_process(spec.argv, log, {name: tokens[name] for name in spec.tokens}, unset=TOKEN_FILES)
+                env = {name: tokens[name] for name in spec.tokens} | dict(spec.env)
+                pid = start_process(spec.argv, log, env, unset=(*TOKEN_FILES, *spec.unset))
                 state.processes.append(ProcessRecord(spec.name, spec.kind, pid, list(spec.argv), spec.health_url, str(log)))
                 state.save(state_dir)
     except BaseException:

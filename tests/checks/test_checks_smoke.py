@@ -10,6 +10,7 @@ from ascend_runtime.checks.smoke import CheckItem, Instance, run_smoke
 from ascend_runtime.cli import main
 
 REQUEST_ITEMS = 4
+KV_ITEM = "KV handed over prefill -> decode (decode's connector counters)"
 
 
 async def test_smoke_passes_against_a_pd_proxy(fake) -> None:
@@ -51,15 +52,17 @@ async def test_instances_are_checked_and_a_dead_one_is_named(fake, unused_tcp_po
     insts = [Instance("prefill-0", fake.url, "prefill"), Instance("decode-0", dead, "decode")]
     report = await run_smoke(fake.url, insts, timeout_s=5)
     failed = [i.name for i in report.failures]
-    assert failed == ["instance decode-0 (decode) GET /health", "instance decode-0 (decode) GET /v1/models"]
+    assert failed == ["instance decode-0 (decode) GET /health", "instance decode-0 (decode) GET /v1/models",
+                      KV_ITEM]
     assert "unreachable" in report.failures[0].detail
 
 
 async def test_pd_header_must_name_an_instance_of_the_right_role(fake) -> None:
     insts = [Instance("decode-0", fake.url, "prefill"), Instance("prefill-0", fake.url, "decode")]
     report = await run_smoke(fake.url, insts, timeout_s=5)
-    assert len(report.failures) == REQUEST_ITEMS
+    assert len(report.failures) == REQUEST_ITEMS + 1
     assert "x-prefill-instance: prefill-0 is not a prefill instance" in report.failures[0].detail
+    assert report.failures[-1].name == KV_ITEM and "not a decode instance" in report.failures[-1].detail
 
 
 async def test_extra_items_plug_in_and_exceptions_become_failures(fake) -> None:
@@ -141,3 +144,37 @@ def test_cli_smoke_json_to_stdout_is_the_json_alone(threaded_fake, capsys) -> No
 def test_cli_smoke_bad_input_is_exit_2_naming_the_option(argv, capsys) -> None:
     assert main(["check", "smoke", *argv]) == 2
     assert "--" in capsys.readouterr().err
+
+
+async def test_kv_handover_passes_when_decode_loaded_the_prompt(fake) -> None:
+    insts = [Instance("prefill-0", fake.url, "prefill"), Instance("decode-0", fake.url, "decode")]
+    report = await run_smoke(fake.url, insts, timeout_s=5)
+    assert report.passed, [i.line() for i in report.failures]
+    kv = next(i for i in report.items if i.name == KV_ITEM)
+    assert "prefill-0 -> decode-0" in kv.detail and "computed by decode" in kv.detail, kv.detail
+
+
+@pytest.mark.parametrize("share, words", [(0.0, "no KV moved"), (0.5, "a whole block or more")])
+async def test_kv_handover_fails_naming_the_pair_and_numbers(fake, share, words) -> None:
+    fake.b.kv_loaded_share = share
+    insts = [Instance("prefill-0", fake.url, "prefill"), Instance("decode-0", fake.url, "decode")]
+    report = await run_smoke(fake.url, insts, timeout_s=5)
+    assert [i.name for i in report.failures] == [KV_ITEM]
+    detail = report.failures[0].detail
+    assert "prefill-0 -> decode-0" in detail and words in detail and "prompt tokens" in detail, detail
+
+
+async def test_kv_handover_fails_when_decode_exports_no_counters(fake) -> None:
+    fake.b.kv_loaded_share = None
+    insts = [Instance("prefill-0", fake.url, "prefill"), Instance("decode-0", fake.url, "decode")]
+    report = await run_smoke(fake.url, insts, timeout_s=5)
+    assert [i.name for i in report.failures] == [KV_ITEM]
+    assert "GET /metrics returned HTTP 404" in report.failures[0].detail
+
+
+def test_the_counters_read_are_metrics_of_the_supported_release() -> None:
+    from ascend_runtime.checks.kv_handover import METRICS_READ
+    from ascend_runtime.engine.surface import load_surface
+
+    surface = load_surface("0.23.0")
+    assert all(name in surface.metrics for name in METRICS_READ), [n for n in METRICS_READ if n not in surface.metrics]

@@ -58,6 +58,8 @@ class StubEngine:
     health_hang: bool = False  # /health never answers (a saturated engine, as far as a short timeout sees)
     health_status: int | None = None  # /health answers this status instead
     health_calls: int = 0
+    #: prefill answers as an engine without a KV connector does: no kv_transfer_params
+    no_kv_handover: bool = False
     faults: Faults = field(default_factory=Faults)
     requests: list[dict[str, Any]] = field(default_factory=list)
     request_ids: list[str | None] = field(default_factory=list)
@@ -163,6 +165,8 @@ class StubEngine:
                 "remote_host": "127.0.0.1", "remote_port": self.kv_port, "tp_size": 1,
             },
         }
+        if self.no_kv_handover:
+            body["kv_transfer_params"] = None
         raw = json.dumps(body).encode()
         self.sent.append(raw)
         return web.Response(body=raw, content_type="application/json", headers=self._hdr())

@@ -185,3 +185,35 @@ async def test_client_disconnect_cancels_upstream(stubs, proxy, http):
         await asyncio.sleep(0.05)
     assert p.engine.cancelled == 1
     assert px.pool.get("p0").outstanding_prompt_tokens == 0
+
+
+async def test_a_prefill_that_hands_no_kv_over_fails_and_the_request_moves(stubs, proxy, http):
+    """A prefill answer without kv_transfer_params is that instance's failure: retried on another prefill,
+    counted, never passed to decode to recompute the prompt."""
+    broken = await stubs("prefill", "no-connector")
+    broken.engine.no_kv_handover = True
+    good = await stubs("prefill", "p-good")
+    d = await stubs("decode", "d0")
+    px = await proxy(broken, good, d)
+    px.pool.get("p-good").kv_usage = 1.0  # the broken prefill is picked first
+    async with http.post(px.url + "/v1/completions", json={**REQ, "stream": False}) as resp:
+        assert resp.status == 200, await resp.text()
+        assert resp.headers["x-prefill-instance"] == "p-good"
+    assert len(broken.engine.requests) == 1 and len(good.engine.requests) == 1
+    assert all(r.get("kv_transfer_params", {}).get("do_remote_prefill") for r in d.engine.requests), d.engine.requests
+    async with http.get(px.url + "/metrics") as resp:
+        text = await resp.text()
+    assert 'ascend_proxy_retries_total{reason="no_kv_handover",role="prefill"} 1.0' in text, \
+        [line for line in text.splitlines() if "retries" in line]
+
+
+async def test_with_no_prefill_handing_kv_over_the_client_gets_an_error_naming_it(stubs, proxy, http):
+    broken = await stubs("prefill", "no-connector")
+    broken.engine.no_kv_handover = True
+    d = await stubs("decode", "d0")
+    px = await proxy(broken, d)
+    async with http.post(px.url + "/v1/completions", json={**REQ, "stream": False}) as resp:
+        body = await resp.json()
+        assert resp.status in (502, 503), body
+    assert "kv_transfer_params" in body["error"]["message"] and "no-connector" in body["error"]["message"], body
+    assert d.engine.requests == [], "decode was asked to recompute a prompt no prefill handed over"

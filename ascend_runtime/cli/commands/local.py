@@ -45,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--detach", action="store_true", help="return once ready and checked; manage with status/down")
     up.add_argument("--no-checks", action="store_true", help="skip the smoke and throughput checks")
     up.add_argument("--num-prompts", type=int, help="throughput check prompts (default: the stack's throughput_check)")
-    up.add_argument("--ready-timeout-s", type=float, default=90.0, help="seconds to wait for every process (default 90)")
+    up.add_argument("--ready-timeout-s", type=float, default=None,
+                    help="seconds to wait for every process (default 90; 900 with local_engine.kind vllm-cpu)")
     up.set_defaults(func=cmd_up)
     status = subparsers.add_parser("status", help="show the processes of a running local stack",
                                    description="Per process: pid, alive, /health from its own socket. Without --stack: "
@@ -153,6 +154,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         wait_while_serving,
     )
     from ascend_runtime.local.state import default_state_root  # noqa: PLC0415
+    from ascend_runtime.local.topology import engine_kind  # noqa: PLC0415
 
     from ascend_runtime.cli.stackargs import (  # noqa: PLC0415
         MAX_COUNT,
@@ -162,7 +164,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         first_error,
     )
 
-    bad = first_error(check_duration("--ready-timeout-s", args.ready_timeout_s),
+    bad = first_error(check_duration("--ready-timeout-s", args.ready_timeout_s) if args.ready_timeout_s is not None else None,
                       check_count("--num-prompts", args.num_prompts, maximum=MAX_COUNT),
                       check_output_dir("--state-dir", args.state_dir))
     if bad is not None:  # before anything starts
@@ -175,6 +177,17 @@ def cmd_up(args: argparse.Namespace) -> int:
         _say(f"error: stack {plan.stack}: target is {plan.target!r}; `up` runs stacks whose target is 'local' "
              "(use `pulumi up` for kubernetes and kind)", err=True)
         return 2
+    real_engine = engine_kind(plan) == "vllm-cpu"
+    if real_engine:
+        from ascend_runtime.local.vllm_engine import EngineNotReady, prepare  # noqa: PLC0415
+
+        try:
+            _say(f"stack {plan.stack}: real engine (vLLM CPU build); preparing the generated model")
+            prepare(int(plan.config["local_engine"]["model_seed"]))
+        except EngineNotReady as exc:
+            _say(f"error: stack {plan.stack} (local_engine.kind: vllm-cpu): {exc}", err=True)
+            return 1
+    ready_timeout_s = args.ready_timeout_s or (900.0 if real_engine else 90.0)
     state_dir = Path(args.state_dir) if args.state_dir else default_state_root() / plan.stack
     if not args.state_dir and check_output_dir("--state-dir (default $ASCEND_DEPLOY_STATE_DIR/<stack>)", str(state_dir)):
         return 2
@@ -183,7 +196,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     ok = True
     with SignalGuard() as guard:
         try:
-            state = bring_up(plan, state_dir, UpOptions(ready_timeout_s=args.ready_timeout_s), console, args.stacks_dir)
+            state = bring_up(plan, state_dir, UpOptions(ready_timeout_s=ready_timeout_s), console, args.stacks_dir)
             _say(f"local stack {plan.stack} is up: proxy {plan.proxy_url} ({len(state.processes)} processes, state in {state_dir})")
             if not args.no_checks:
                 from ascend_runtime.local.report import run_checks  # noqa: PLC0415
