@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", type=float, default=1.0, help="stretch every phase (1.0: 60/60/30/60 minutes)")
     ap.add_argument("--restart-s", type=float, default=300.0, help="engine restart + load time of a group (s)")
     ap.add_argument("--interval", type=float, default=30.0, help="planner interval (modelled s)")
-    ap.add_argument("--plot", type=Path, help="write the goodput-over-time PNG here (needs matplotlib: pip install -e .[bench])")
+    ap.add_argument("--plot", type=Path, help="write the goodput-over-time PNG here (matplotlib, a dependency of the kit)")
     ap.add_argument("--write", action="store_true", help="update the section in docs/benchmarks.md")
     ap.add_argument("--no-migrate", action="store_true",
                     help="the planner's decode drains wait for their streams (no migration) in the main run")
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def plot(path: Path, work: list[Phase], runs: dict[str, Result], best: list[int]) -> None:
     """Goodput per NPU over time (5-minute windows) of the fixed split, the oracle and the planner."""
-    import matplotlib  # noqa: PLC0415 - benchmark-only optional dependency (extra "bench")
+    import matplotlib  # noqa: PLC0415 - imported only when a plot is asked for
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415

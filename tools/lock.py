@@ -32,7 +32,7 @@ LOCK_FILE = REPO_ROOT / "requirements.lock"
 PYPROJECT = REPO_ROOT / "pyproject.toml"
 #: Extras resolved into the lock: everything pyproject.toml offers but the real engine, which installs into a
 #: virtual environment of its own (``ascend-deploy engine install``) with its own lock.
-LOCKED_EXTRAS = ("test", "bench")
+LOCKED_EXTRAS = ("test",)
 HEADER = """\
 # Exact versions of every package the kit installs (pip constraints format), resolved from pyproject.toml
 # for Linux and Python 3.11 by pip's own resolver. Refresh: python tools/lock.py. Install:

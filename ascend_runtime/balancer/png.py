@@ -1,73 +1,66 @@
-"""A minimal PNG line-chart writer (numpy + zlib): panels of polylines on a white canvas.
+"""The `balance evaluate` chart: panels of lines per policy over the replayed windows, as a PNG.
 
-The kit imports nothing at run time that is not a declared dependency, and a plotting
-library is far heavier than one diagnostic chart needs; so charts are rasterised here.
-Text is not drawn: titles, axis ranges and the colour legend go into PNG ``tEXt`` chunks
-(shown by image viewers' "properties") and are printed by the caller.
+Drawn with matplotlib's object-oriented API (:class:`matplotlib.figure.Figure`, saved through its Agg
+canvas): no pyplot, no global state, no display, so it works in a headless pod or over SSH. Each panel
+has its title, an x axis of replay windows and a y axis with its quantity's name, tick values on both,
+and a legend naming the policies; the image alone is readable. matplotlib is imported only when a chart
+is drawn, so the balancing daemon and the other commands do not pay for it at start-up.
 """
 
 from __future__ import annotations
 
-import struct
-import zlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-#: distinct colours (RGB) for series, in order
-PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75), (0, 0, 0)]
-
-
-def _chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-
-def encode_png(rgb: np.ndarray, text: dict[str, str] | None = None) -> bytes:
-    """``rgb [H, W, 3]`` uint8 -> PNG bytes (8-bit RGB, no filtering), with ``tEXt`` chunks."""
-    h, w, _ = rgb.shape
-    raw = np.concatenate([np.zeros((h, 1), dtype=np.uint8), rgb.reshape(h, w * 3)], axis=1).tobytes()
-    out = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-    for k, v in (text or {}).items():
-        out += _chunk(b"tEXt", k.encode("latin-1", "replace")[:79] + b"\0" + v.encode("latin-1", "replace"))
-    return out + _chunk(b"IDAT", zlib.compress(raw, 6)) + _chunk(b"IEND", b"")
+#: Width and height of one panel, inches (at :data:`DPI`: 900 x 300 pixels).
+PANEL_SIZE_IN = (9.0, 3.0)
+DPI = 100
 
 
-def _line(img: np.ndarray, x0: float, y0: float, x1: float, y1: float, colour: tuple[int, int, int]) -> None:
-    n = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
-    xs = np.linspace(x0, x1, n).round().astype(int)
-    ys = np.linspace(y0, y1, n).round().astype(int)
-    for dx, dy in ((0, 0), (1, 0), (0, 1)):  # 2 px wide
-        ok = (xs + dx < img.shape[1]) & (ys + dy < img.shape[0]) & (xs >= 0) & (ys >= 0)
-        img[ys[ok] + dy, xs[ok] + dx] = colour
+@dataclass(frozen=True)
+class Panel:
+    """One panel: its title, the y axis's quantity and one series of values per policy (x: replay window)."""
+
+    title: str
+    ylabel: str
+    series: dict[str, list[float]]
 
 
-def line_chart(path: str | Path, panels: list[tuple[str, dict[str, list[float]]]], width: int = 900,
-               panel_height: int = 260) -> dict[str, str]:
-    """Write panels (title, {series name: y values}) stacked vertically; returns the legend text.
+def figure(panels: list[Panel], xlabel: str = "replay window") -> Figure:
+    """The panels stacked vertically, each titled, with labelled axes, tick values and a legend.
 
-    Each panel has its own y range (printed in the legend text); x is the value's index."""
-    margin = 30
-    img = np.full((panel_height * len(panels), width, 3), 255, dtype=np.uint8)
-    text: dict[str, str] = {}
-    names = list(dict.fromkeys(n for _, series in panels for n in series))
-    colours = {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
-    for p, (title, series) in enumerate(panels):
-        top, bottom = p * panel_height + margin // 2, (p + 1) * panel_height - margin // 2
-        left, right = margin, width - margin // 2
-        img[top:bottom, left] = img[bottom, left:right] = (128, 128, 128)  # axes
-        values = [v for ys in series.values() for v in ys if np.isfinite(v)]
-        lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
-        if hi - lo < 1e-12:
-            lo, hi = lo - 0.5, hi + 0.5
-        n = max((len(ys) for ys in series.values()), default=1)
-        for name, ys in series.items():
-            pts = [(left + (right - left) * i / max(n - 1, 1), bottom - (bottom - top) * (y - lo) / (hi - lo))
-                   for i, y in enumerate(ys) if np.isfinite(y)]
-            for (xa, ya), (xb, yb) in zip(pts, pts[1:]):
-                _line(img, xa, ya, xb, yb, colours[name])
-            if len(pts) == 1:
-                _line(img, pts[0][0] - 3, pts[0][1], pts[0][0] + 3, pts[0][1], colours[name])
-        text[f"Panel {p + 1}"] = f"{title}; y from {lo:.4g} (bottom) to {hi:.4g} (top); x = replay window"
-    text["Legend"] = ", ".join(f"{n}=rgb{colours[n]}" for n in names)
-    Path(path).write_bytes(encode_png(img, text))
-    return text
+    A policy keeps its colour in every panel; a non-finite value is a gap; a series of one value is a marker."""
+    from matplotlib.figure import Figure  # noqa: PLC0415 - imported only to draw
+
+    if not panels:
+        raise ValueError("no panels to draw")
+    width, height = PANEL_SIZE_IN
+    fig = Figure(figsize=(width, height * len(panels)), dpi=DPI, layout="constrained")
+    names = list(dict.fromkeys(name for p in panels for name in p.series))
+    colours = {name: f"C{i % 10}" for i, name in enumerate(names)}
+    for ax, panel in zip(fig.subplots(len(panels), 1, squeeze=False)[:, 0], panels):
+        for name, values in panel.series.items():
+            ax.plot(range(len(values)), [float(v) for v in values], label=name, color=colours[name],
+                    marker="o" if len(values) == 1 else None, linewidth=1.5)
+        ax.set_title(panel.title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(panel.ylabel)
+        ax.xaxis.get_major_locator().set_params(integer=True)  # windows are whole numbers
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="best", fontsize="small", title="policy", title_fontsize="small")
+    return fig
+
+
+def line_chart(path: str | Path, panels: list[Panel]) -> list[str]:
+    """Write :func:`figure` of ``panels`` to ``path`` as a PNG; returns the panel titles.
+
+    The titles and the policies are also in the PNG's ``Title`` and ``Description`` text chunks."""
+    titles = [p.title for p in panels]
+    names = list(dict.fromkeys(name for p in panels for name in p.series))
+    figure(panels).savefig(Path(path), format="png", metadata={
+        "Title": "; ".join(titles), "Description": f"one line per policy ({', '.join(names)}); x: replay window"})
+    return titles

@@ -54,7 +54,7 @@ def test_evaluate_recommends_and_plots(dump, tmp_path, capsys):
     assert float(rows[("greedy", "8", "1")][0]) > float(rows[("none", "8", "1")][0])
     assert float(rows[("none", "0", "1")][2]) == 0.0  # no balancing, no moves
     text = _png_text(plot.read_bytes())
-    assert text["size"][0] == 900 and "ours" in text["Legend"] and "balancedness" in text["Panel 1"]
+    assert text["size"] == (900, 600) and "ours" in text["Description"] and "balancedness" in text["Title"]
 
 
 def test_replay_charges_moves_and_rebalances_by_interval(dump):

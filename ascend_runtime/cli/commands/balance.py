@@ -375,7 +375,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     """Replay recorded load per stage; print the table, the recommendation as YAML, and write the plot."""
     keep_freed_memory()  # planning's numpy temporaries reuse the heap (ascend_runtime/allocator.py)
     from ascend_runtime.balancer import evaluate as ev
-    from ascend_runtime.balancer.png import line_chart
+    from ascend_runtime.balancer.png import Panel, line_chart
 
     from ascend_runtime.cli.stackargs import (
         MAX_COUNT,
@@ -466,18 +466,20 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         for r in replays:  # per policy, its best setting
             if r.policy not in shown or r.mean_moe_ms < shown[r.policy].mean_moe_ms:
                 shown[r.policy] = r
-        panels.append((f"{role}: balancedness (next window)", {p: r.balancedness for p, r in shown.items()}))
-        panels.append((f"{role}: MoE ms per step incl. moves", {p: r.moe_ms for p, r in shown.items()}))
+        panels.append(Panel(f"{role}: balancedness on the next window (1 = even)", "balancedness",
+                            {p: r.balancedness for p, r in shown.items()}))
+        panels.append(Panel(f"{role}: MoE time per step, moves included", "MoE ms per step",
+                            {p: r.moe_ms for p, r in shown.items()}))
     print("\n# stack settings to paste (stacks/Pulumi.<stack>.yaml)")
     print(ev.recommendation_yaml([r for r in recs if r["role"] in ("prefill", "decode")]) if args.stack
           else ev.recommendation_yaml([{**r, "role": "<stage>"} for r in recs]), end="")
     try:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)  # check_output_file allows a directory to create
-        legend = line_chart(args.plot, panels)
+        titles = line_chart(args.plot, panels)
     except OSError as exc:
         return input_error("--plot", f"cannot write {args.plot} ({exc.strerror or type(exc).__name__}); "
                                      "name a PNG file in a directory this user can write")
-    print(f"wrote {args.plot} ({legend['Legend']})")
+    print(f"wrote {args.plot} (panels: {'; '.join(titles)}; one line per policy at its best setting)")
     return 0
 
 
