@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v shellcheck >/dev/null 2>&1 || need_apt+=(shellcheck)
 [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
+command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]} (Debian packages)"
   apt-get update -qq >/dev/null

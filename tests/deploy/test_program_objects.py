@@ -359,9 +359,11 @@ def test_monitoring_objects(k8s_run: Run) -> None:
     if dashboards:
         dash = json.loads(next(iter(dashboards[0]["data"].values())))
         exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
-        for metric in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:num_requests_waiting",
-                       "vllm:kv_cache_usage_perc", "vllm:generation_tokens_total", "ascend_proxy_requests_total"):
+        for metric in ("ascend_proxy_ttft_seconds_bucket", "ascend_proxy_itl_seconds_bucket", "ascend_proxy_requests_total",
+                       "vllm:request_prefill_time_seconds_bucket", "vllm:request_queue_time_seconds_bucket",
+                       "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_by_source_total", "vllm:generation_tokens_total"):
             assert metric in exprs
+        assert cfg["prometheus_operator"]  # the monitors that label what the queries select (test_monitoring.py)
         # the balancer's panels only where its daemon runs (simulators; not on vLLM-Ascend 0.23.0)
         deployed = any(o["kind"] == "Deployment" and "balancer" in o["metadata"]["name"] for o in k8s_run.k8s_objects)
         assert ("ascend_balancer_balancedness" in exprs) == deployed

@@ -5,19 +5,20 @@ stats.py), including on a decode instance whose KV was transferred."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from ascend_runtime.engine.releases import METRICS
 from ascend_runtime.engine.surface import load_surface
+from ascend_runtime.planner import load_plan
 from ascend_runtime.proxy.health import parse_vllm_load
+from ascend_runtime.render.objects.common import Context
+from ascend_runtime.render.objects.monitoring import dashboard_json
 from ascend_runtime.sim import server as sim_server
 from tests.sim.test_engine_core import engine, run_steps
 from tests.sim.test_pd import PROXY_PREFILL_PARAMS
 
 MODEL = "deepseek-ai/DeepSeek-R1"
-REPO = Path(__file__).resolve().parents[2]
 
 
 def families(text: str) -> dict:
@@ -208,7 +209,8 @@ async def test_the_kits_readers_find_their_metrics(sim, http):
     await traffic(http, h)
     text, fams = await scrape(http, h)
     samples = {s.name for f in fams.values() for s in f.samples}
-    dashboard = (REPO / "templates" / "grafana-dashboard.json.j2").read_text()
+    local = load_plan("local")  # the dashboard as rendered (the template assembles names and picks per release)
+    dashboard = dashboard_json(Context(local), with_balancer=True)
     wanted = set(re.findall(r"vllm:[a-z_:]+", dashboard))
     assert wanted and not wanted - samples, wanted - samples
     for family in METRICS.values():

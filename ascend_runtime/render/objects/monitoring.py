@@ -1,16 +1,30 @@
-"""Monitoring: ServiceMonitor/PodMonitor (Prometheus operator CRDs) and the Grafana dashboard ConfigMap."""
+"""Monitoring: ServiceMonitor/PodMonitor (Prometheus operator CRDs) and the Grafana dashboard ConfigMap.
+
+The dashboard's queries select series by three labels: ``namespace`` (the stack's namespace), :data:`ROLE_LABEL`
+(prefill or decode, engine series only) and ``instance`` (the engine instance; on the balancer's series the
+instance it measured). On Kubernetes the monitors below set them: the operator adds ``namespace`` to every
+target, the engines' PodMonitor copies role and instance from the pod labels, and the proxy's and balancer's
+ServiceMonitors honour their own ``instance`` labels. The local stack's scrape config
+(``ascend_runtime/local/monitoring.py``) sets the same labels on static targets. A stack that asks for the
+dashboard without the operator is refused (``kubernetes.grafana_dashboard``, config/stack.py): nothing would
+scrape or label the series.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import jinja2
 
+from ascend_runtime.engine.surface import load_surface
 from ascend_runtime.render.objects.common import (
     BALANCER_NAME,
     LABEL_COMPONENT,
+    LABEL_INSTANCE,
     LABEL_LEADER,
+    LABEL_ROLE,
     PROXY_NAME,
     Context,
     K8sObject,
@@ -20,6 +34,10 @@ from ascend_runtime.render.paths import templates_dir
 
 #: the balancer daemon's metric names (balancer/daemon.py)
 BALANCER_METRIC_PREFIX = "ascend_balancer_"
+#: The label of engine series naming the instance's role (prefill, decode); the dashboard filters on it.
+ROLE_LABEL = "ascend_deepseek_role"
+#: The label of engine series naming the instance (``prefill-0``); Prometheus's own ``instance`` label replaced.
+INSTANCE_LABEL = "instance"
 
 DASHBOARD_TEMPLATE = "grafana-dashboard.json.j2"  # in templates_dir()
 COMPONENT = "monitoring"
@@ -38,9 +56,13 @@ def dashboard_json(ctx: Context, with_balancer: bool) -> str:
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
     )
     text = env.get_template(DASHBOARD_TEMPLATE).render(
-        stack=ctx.plan.stack, namespace=ctx.namespace,
+        stack=ctx.plan.stack,
         decode_npus=max(1, sum(i.npus for i in ctx.plan.by_role("decode"))),
         prefill_npus=max(1, sum(i.npus for i in ctx.plan.by_role("prefill"))),
+        sel=_selector(namespace=ctx.namespace),
+        sel_prefill=_selector(namespace=ctx.namespace, **{ROLE_LABEL: "prefill"}),
+        sel_decode=_selector(namespace=ctx.namespace, **{ROLE_LABEL: "decode"}),
+        engine_metrics=frozenset(load_surface(ctx.plan.vllm_ascend_version).metrics),
     )
     doc = json.loads(text)
     panels = doc.setdefault("panels", [])
@@ -49,6 +71,11 @@ def dashboard_json(ctx: Context, with_balancer: bool) -> str:
     else:  # no daemon exports ascend_balancer_*: no panel that would stay empty
         doc["panels"] = [p for p in panels if not _reads_balancer(p)]
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+def _selector(**labels: str) -> str:
+    """PromQL label matchers (``a="x",b="y"``), escaped to sit inside a JSON string of the template."""
+    return json.dumps(",".join(f'{k}="{v}"' for k, v in labels.items()))[1:-1]
 
 
 def _reads_balancer(panel: dict[str, Any]) -> bool:
@@ -88,9 +115,15 @@ def grafana_dashboard(ctx: Context, with_balancer: bool) -> K8sObject | None:
     }
 
 
+def _pod_label(label: str) -> str:
+    """Prometheus's Kubernetes discovery label of a pod label (every character outside [a-zA-Z0-9_] as _)."""
+    return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
+
+
 def _relabel_role() -> list[dict[str, Any]]:
-    return [{"sourceLabels": ["__meta_kubernetes_pod_label_ascend_deepseek_role"], "targetLabel": "ascend_deepseek_role"},
-            {"sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"], "targetLabel": "instance"}]
+    """Role and instance of an engine target from its pod's labels (the dashboard's engine panels select on them)."""
+    return [{"sourceLabels": [_pod_label(LABEL_ROLE)], "targetLabel": ROLE_LABEL},
+            {"sourceLabels": [_pod_label(LABEL_INSTANCE)], "targetLabel": INSTANCE_LABEL}]
 
 
 def monitors(ctx: Context, with_balancer: bool) -> list[K8sObject]:
@@ -109,8 +142,9 @@ def monitors(ctx: Context, with_balancer: bool) -> list[K8sObject]:
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
         "metadata": metadata(ctx, PROXY_NAME, COMPONENT),
+        # honorLabels: the proxy's own instance labels (the engine instance of a series) are kept as they are
         "spec": {"selector": {"matchLabels": {LABEL_COMPONENT: "proxy"}},
-                 "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}]},
+                 "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s", "honorLabels": True}]},
     }]
     if with_balancer:
         out.append({
@@ -118,7 +152,7 @@ def monitors(ctx: Context, with_balancer: bool) -> list[K8sObject]:
             "kind": "ServiceMonitor",
             "metadata": metadata(ctx, BALANCER_NAME, COMPONENT),
             "spec": {"selector": {"matchLabels": {LABEL_COMPONENT: "balancer"}},
-                     "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s"}]},
+                     "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "30s", "honorLabels": True}]},
         })
     return out
 
