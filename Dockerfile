@@ -1,5 +1,7 @@
 # The kit's runtime image: PD proxy, expert balancer, engine simulator and post-deploy checks,
 # all behind the `ascend-deploy` CLI. Not the engine image (that is vLLM-Ascend's).
+# `pulumi up` builds and pushes it when the stack's kubernetes.runtime_image is a build (docs/kubernetes.md,
+# "Runtime image"; .dockerignore is the context). By hand, for a kind stack that runs a `kind load`-ed image:
 #   docker build -t ascend-deploy-runtime:dev .
 #   kind load docker-image ascend-deploy-runtime:dev --name ascend
 FROM python:3.11-slim AS build

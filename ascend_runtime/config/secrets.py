@@ -24,11 +24,14 @@ from typing import Any
 
 from pydantic_core import PydanticCustomError
 
+from ascend_runtime.config.runtime_image import REGISTRY_SECRETS
+
 PROJECT = "ascend-deepseek"  # the project's Pulumi config namespace (config.stack.PROJECT)
 
 #: Stack keys whose values are secrets: set with `pulumi config set --secret`; never read into the model.
 SECRET_KEYS = (
     "image_pull_credentials", "model_source_credentials", "simulator_admin_token", "proxy_admin_token",
+    *REGISTRY_SECRETS,  # the runtime image build's registry login (config/runtime_image.py)
 )
 #: A name containing one of these words (any case) is taken to hold a secret.
 SECRET_WORDS = ("TOKEN", "KEY", "PASSWORD", "SECRET", "CREDENTIAL")

@@ -47,6 +47,7 @@ from ascend_runtime.config.errors import (
 )
 from ascend_runtime.config.inventory import Inventory
 from ascend_runtime.config.model import ModelShape
+from ascend_runtime.config.runtime_image import RUNTIME_IMAGE_KEY, RuntimeImage, runtime_image_problem
 
 PROJECT = "ascend-deepseek"
 Role = Literal["prefill", "decode"]
@@ -319,7 +320,8 @@ class SimulatorConfig(_Strict):
                            "the decode can pull it).")
     startup_delay_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, description="Seconds before /health turns 200 (at most a day).")
     link_gbps: float = Field(50.0, gt=0, description="Modelled KV link rate between nodes (GB/s).")
-    image: ImageRef = Field("ascend-deploy-runtime:dev", description="Runtime image running the simulator on kind.")
+    image: ImageRef | None = Field(None, description="Image running the simulator on kind (default: the runtime "
+                                   "image, kubernetes.runtime_image).")
 
 
 class LocalEngineConfig(_Strict):
@@ -404,7 +406,13 @@ class KubernetesConfig(_Strict):
         "1.30", pattern=r"^1\.[0-9]{1,3}$", description="Kubernetes minor version the objects are validated against (quoted, \"1.30\")."
     )
     npu_resource: ResourceName = Field("huawei.com/Ascend910", description="Extended resource of the device plugin.")
-    runtime_image: ImageRef = Field("ascend-deploy-runtime:0.1.0", description="Image with proxy, balancer, checks.")
+    runtime_image: RuntimeImage = Field(
+        None, description="The kit's image (proxy, balancer, fault watcher, P:D planner, checks; the simulator on kind): "
+        "{build: {registry, repository, tag (default latest), platforms (linux/amd64, linux/arm64; default the build "
+        "host's)}}: `pulumi up` builds the Dockerfile, pushes it with the secrets runtime_image_registry_username and "
+        "runtime_image_registry_password and pods run it by digest; or a prebuilt REGISTRY/REPOSITORY[:TAG]@sha256:DIGEST "
+        "(the kubernetes target refuses one without a registry); null: refused on kubernetes, on kind "
+        "ascend-deploy-runtime:dev loaded with `kind load` (docs/kubernetes.md, \"Runtime image\").")
     device_plugin: DevicePluginConfig = Field(default_factory=DevicePluginConfig, description="Ascend device plugin.")
     lws: LwsConfig = Field(default_factory=LwsConfig, description="LeaderWorkerSet controller of multi-node engine instances.")
     runtime_class: DnsSubdomain | None = Field(
@@ -527,6 +535,14 @@ class StackConfig(_Strict):
         if len(value.encode()) > 4096 or any(len(part.encode()) > 255 for part in value.split("/")):
             raise invalid("is longer than a path can be (255 bytes a name, 4096 a path)", "e.g. 'inventories/<stack>.yaml'")
         return value
+
+    @model_validator(mode="after")
+    def _runtime_image_pullable(self) -> "StackConfig":
+        """On the kubernetes target the runtime image is built by the stack or names its registry."""
+        problem = runtime_image_problem(self.target, self.kubernetes.runtime_image)
+        if problem:
+            raise invalid(*problem, at=RUNTIME_IMAGE_KEY)
+        return self
 
     @model_validator(mode="after")
     def _real_engine_is_local(self) -> "StackConfig":

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from ascend_runtime.config.errors import ConfigError, Problem
+from ascend_runtime.config.runtime_image import configured_reference
 from ascend_runtime.config.secrets import set_secret_command
+from ascend_runtime.deploy.image import build_runtime_image, pinned_image, with_image
 from ascend_runtime.planner.plan import InstancePlan, Plan
 from ascend_runtime.render.environment import secret_env_references
 from ascend_runtime.render.objects import K8sObject, SystemObjects
@@ -270,12 +272,20 @@ class ServingSystemArgs:
 
 
 class ServingSystem(pulumi.ComponentResource):
-    """The whole PD-separated serving system of one stack."""
+    """The whole PD-separated serving system of one stack.
+
+    ``runtime_image``: the build of the kit's image (``{build: ...}`` stacks; None for a prebuilt one);
+    ``image_ref``: what every kit pod runs, the build's ``registry/repository@<digest>`` (deploy/image.py).
+    """
 
     def __init__(self, name: str, args: ServingSystemArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(f"{TYPE_PREFIX}:ServingSystem", name, None, opts)
-        objs = args.objects
         child = pulumi.ResourceOptions(parent=self)
+        self.runtime_image = build_runtime_image(args.plan, child)
+        self.image_ref = pinned_image(args.plan, self.runtime_image)
+        configured = configured_reference(args.plan.config)
+        objs = replace(args.objects, **{f.name: with_image(getattr(args.objects, f.name), configured, self.image_ref)
+                                        for f in fields(args.objects)})
         self.cluster = ClusterPrep("cluster", ClusterPrepArgs(objs.cluster + objs.node_patches,
                                                               lws=lws_prerequisite(args.plan)), child)
         base = [self.cluster]
@@ -290,8 +300,8 @@ class ServingSystem(pulumi.ComponentResource):
                                                                          args.plan.instance(name)), child)
         self.proxy = Proxy("proxy", ObjectsArgs(objs.proxy, base), child)
         self.balancer = Balancer("balancer", ObjectsArgs(objs.balancer, base), child) if objs.balancer else None
-        faults = fault_watcher_objects(args.plan, pulumi.Config().get_secret(PROXY_ADMIN_SECRET) is not None,
-                                       present_secrets())
+        faults = with_image(fault_watcher_objects(args.plan, pulumi.Config().get_secret(PROXY_ADMIN_SECRET) is not None,
+                                                  present_secrets()), configured, self.image_ref)
         self.faults = FaultWatcher("faults", ObjectsArgs(faults, base), child) if faults else None
         self.network = NetworkPolicies("network", ObjectsArgs(objs.network, base), child)
         self.pdplanner = (PDPlanner("pdplanner", ObjectsArgs(objs.pdplanner, [*base, *self.engines.values()]), child)

@@ -16,6 +16,7 @@ from ascend_runtime.deploy.components import (
     present_secrets,
     require_env_secrets,
 )
+from ascend_runtime.deploy.image import require_registry_secrets
 from ascend_runtime.engine.conformance import require_conformance
 from ascend_runtime.planner import Plan, load_plan
 from ascend_runtime.render.objects import build_system, deploys_to_kubernetes
@@ -72,6 +73,8 @@ def main(stack_name: str | None = None) -> Plan:
     require_conformance(plan)  # every flag, key, env var and connector exists in the targeted release
     if deploys_to_kubernetes(plan):
         require_env_secrets(plan)  # every Pulumi secret engine.extra_env references is set, before any resource
-        ServingSystem(plan.stack, ServingSystemArgs(plan, build_system(plan, present_secrets())))
+        require_registry_secrets(plan)  # a runtime image build logs in with the stack's secrets only
+        system = ServingSystem(plan.stack, ServingSystemArgs(plan, build_system(plan, present_secrets())))
+        pulumi.export("runtime_image", system.image_ref)  # what every kit pod runs (a build: pinned by digest)
     export_plan_summary(plan)
     return plan

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from ascend_runtime.config.runtime_image import simulator_image
 from ascend_runtime.planner.plan import Plan
 from ascend_runtime.render.objects.engine import api_service_name
 from ascend_runtime.render.objects.lws import RELEASE as LWS_RELEASE
@@ -65,7 +66,7 @@ class Workload:
 
 def target_image(plan: Plan) -> str:
     """The image the stack file names for its engines: ``engine.image`` (or the release's), the simulator's on kind."""
-    return str(plan.config["simulator"]["image"]) if plan.target == "kind" else plan.engine_image
+    return simulator_image(plan.config) if plan.target == "kind" else plan.engine_image
 
 
 def instance_workloads(objects_by_instance: dict[str, list[dict[str, Any]]]) -> dict[str, list[Workload]]:

@@ -443,9 +443,40 @@ def _keys() -> list[Case]:
     return cases
 
 
+def _runtime_image() -> list[Case]:
+    """The kit's runtime image: the kubernetes target pulls it from a registry (config/runtime_image.py)."""
+    c = "runtime-image"
+    key = "kubernetes.runtime_image"
+    build = {"registry": "swr.cn-north-4.myhuaweicloud.com", "repository": "ascend-deepseek/ascend-deploy-runtime"}
+    fix = ("build", "REGISTRY/REPOSITORY@sha256:")
+    return [
+        Case(c, "bare-name-tag", "a2-staging", key, config=cfg(key, "ascend-deploy-runtime:0.1.0"), fragments=fix),
+        Case(c, "bare-name-tag-cm384", "cm384-prod", key, config=cfg(key, "ascend-deploy-runtime:0.1.0"), fragments=fix),
+        Case(c, "bare-name-digest", "cm384-prod", key, config=cfg(key, "ascend-deploy-runtime@sha256:" + "a" * 64),
+             fragments=fix),
+        Case(c, "docker-hub-namespace", "a2-staging", key, config=cfg(key, "ascend/ascend-deploy-runtime:0.1.0"),
+             fragments=fix),
+        Case(c, "unset", "cm384-prod", key, config=cfg(key, DELETE), fragments=fix),
+        Case(c, "build-registry-no-host", "a2-staging", f"{key}.build.registry",
+             config=cfg(key, {"build": {**build, "registry": "ascend-deepseek"}})),
+        Case(c, "build-repository-uppercase", "a2-staging", f"{key}.build.repository",
+             config=cfg(key, {"build": {**build, "repository": "Ascend/Runtime"}})),
+        Case(c, "build-tag-space", "cm384-prod", f"{key}.build.tag", config=cfg(key, {"build": {**build, "tag": "0.1 rc"}})),
+        Case(c, "build-platform", "a2-staging", f"{key}.build.platforms[0]",
+             config=cfg(key, {"build": {**build, "platforms": ["linux/s390x"]}})),
+        Case(c, "build-unknown-key", "kind", f"{key}.build.registery",
+             config=cfg(key, {"build": {**build, "registery": "localhost:5001"}}), fragments=("registry",)),
+        Case(c, "build-missing-registry", "kind", f"{key}.build.registry",
+             config=cfg(key, {"build": {"repository": "ascend-deploy-runtime"}})),
+        Case(c, "plaintext-registry-password", "a2-staging", "runtime_image_registry_password",
+             config=raw(NS + "runtime_image_registry_password", "hunter2"), fragments=("pulumi config set --secret",)),
+    ]
+
+
 def all_cases() -> list[Case]:
     """Every case of the corpus, by class."""
-    cases = [*_names(), *_env_names(), *_paths(), *_files(), *_ips(), *_ports(), *_types(), *_model(), *_keys()]
+    cases = [*_names(), *_env_names(), *_paths(), *_files(), *_ips(), *_ports(), *_types(), *_model(), *_keys(),
+             *_runtime_image()]
     ids = [case.id for case in cases]
     assert len(ids) == len(set(ids)), "case labels must be unique"
     return cases

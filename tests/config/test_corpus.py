@@ -23,6 +23,7 @@ from tests.config.corpus import MARKER, Case, all_cases, applied, build, run_cli
 CASES = all_cases()
 #: Fewest cases each class must keep (the corpus can grow, not silently shrink).
 MINIMUM_PER_CLASS = {"names": 25, "env-names": 5, "paths": 20, "files": 20, "ips": 30, "ports": 20, "types": 20,
+                     "runtime-image": 12,
                      "model": 8, "keys": 20}
 #: Longest error line and whole error: a problem is one line; long values are cut, files never quoted.
 MAX_LINE = 600

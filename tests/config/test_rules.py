@@ -26,7 +26,9 @@ from ascend_runtime.planner.validation import RESERVED_PORTS
 
 NS = "ascend-deepseek:"
 BASE = {NS + "hardware": "atlas-800i-a2", NS + "inventory": "inventories/x.yaml",
-        NS + "prefill": {}, NS + "decode": {}}
+        NS + "prefill": {}, NS + "decode": {},
+        # the kubernetes target (the default) pulls the kit's image from a registry (config/runtime_image.py)
+        NS + "kubernetes": {"runtime_image": "swr.cn-north-4.myhuaweicloud.com/ascend-deepseek/ascend-deploy-runtime:0.1.0"}}
 
 
 def _node(i: int, devices: list[dict]) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,9 +12,36 @@ from typing import Any
 import pulumi
 import pulumi.runtime.config as pulumi_config
 
+from ascend_runtime.config.runtime_image import build_spec, configured_reference, pinned_reference
+from ascend_runtime.deploy.image import IMAGE_RESOURCE, with_image
+from ascend_runtime.planner.plan import Plan
+
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = ROOT / "__main__.py"
 PROJECT = "ascend-deepseek"
+#: Type token of pulumi-docker-build's Image (pulumi_docker_build/image.py, 0.0.22).
+IMAGE_TYPE = "docker-build:index:Image"
+#: Mock values of the runtime image build's registry login (Pulumi secrets); every run has them unless told not to.
+REGISTRY_CREDENTIALS = {
+    f"{PROJECT}:runtime_image_registry_username": "cn-north-4@MOCK-AK",
+    f"{PROJECT}:runtime_image_registry_password": "MOCK-registry-login-key",
+}
+
+
+def mock_digest(name: str = IMAGE_RESOURCE) -> str:
+    """The digest the mock registry gives the image built as resource ``name``."""
+    return "sha256:" + hashlib.sha256(name.encode()).hexdigest()
+
+
+def pinned_runtime_image(plan: Plan) -> str:
+    """What kit pods run under the mocks: a build's ``registry/repository@<mock digest>``, else the reference."""
+    spec = build_spec(plan.config)
+    return configured_reference(plan.config) if spec is None else pinned_reference(spec, mock_digest())
+
+
+def unpinned(objs: list[dict[str, Any]], plan: Plan) -> list[dict[str, Any]]:
+    """Registered objects as ``render`` writes them: the pinned runtime image back to the stack's tag reference."""
+    return with_image(objs, pinned_runtime_image(plan), configured_reference(plan.config))
 
 
 @dataclass
@@ -47,6 +75,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
         # the mock monitor passes a read's id (Resource.get) as resource_id, with custom unset
         read_id = args.resource_id if args.resource_id and not args.custom else None
         self.resources.append(Registered(args.typ, args.name, dict(args.inputs), bool(args.custom), read_id))
+        if args.typ == IMAGE_TYPE:  # the provider's output after a push: the manifest's digest
+            return args.name + "_id", {**args.inputs, "digest": mock_digest(args.name)}
         return (read_id or args.name + "_id"), args.inputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
@@ -90,8 +120,15 @@ class Run:
         return [r for r in self.resources if r.read_id is not None]
 
 
-def run_stack(stack: str, config: dict[str, str] | None = None, secret_keys: list[str] | None = None) -> Run:
-    """Run __main__.py for ``stack`` under mocks; returns what it registered (and any error)."""
+def run_stack(stack: str, config: dict[str, str] | None = None, secret_keys: list[str] | None = None,
+              registry_credentials: bool = True) -> Run:
+    """Run __main__.py for ``stack`` under mocks; returns what it registered (and any error).
+
+    ``registry_credentials``: the stack's Pulumi config has :data:`REGISTRY_CREDENTIALS` (secrets) too.
+    """
+    if registry_credentials:
+        config = {**REGISTRY_CREDENTIALS, **(config or {})}
+        secret_keys = [*REGISTRY_CREDENTIALS, *(secret_keys or [])]
     # pytest-asyncio tests close their loops; Pulumi's runtime needs a current one.
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -109,7 +146,12 @@ def run_stack(stack: str, config: dict[str, str] | None = None, secret_keys: lis
         except Exception as exc:  # noqa: BLE001 - the test inspects it
             result.error = exc
 
-    pulumi.export = lambda name, value: exports.__setitem__(name, value)  # type: ignore[assignment]
+    def export(name: str, value: Any) -> None:
+        exports[name] = value
+        if isinstance(value, pulumi.Output):  # resolved while the program runs (a build's pinned image)
+            value.apply(lambda resolved: exports.__setitem__(name, resolved))
+
+    pulumi.export = export  # type: ignore[assignment]
     try:
         program()
     finally:

@@ -52,7 +52,7 @@ from tests.render.test_injection import STUB_TIMEOUT  # coreutils `timeout` stan
 
 from .conftest import K8S_STACKS, stack_run
 from .crd_schemas import LWS_SCHEMA_FILE, lws_schema_from_crd, validate_lws
-from .harness import ROOT, Run, run_stack
+from .harness import ROOT, Run, pinned_runtime_image, run_stack
 from .pods import lws_templates
 
 MIRROR = Path(os.environ.get("LWS_MIRROR") or Path(os.environ.get("UPSTREAM_MIRRORS", "/nonexistent")) / "kubernetes-sigs+lws" / "repo")
@@ -346,7 +346,7 @@ def test_kind_simulators_run_as_leader_worker_sets() -> None:
         want = sim_config_from_plan(plan, inst, bind_host="0.0.0.0").model_copy(
             update={"kv_port": inst.ranks[0].kv_port, "kv_host": "$(POD_IP)"})
         assert got == want  # the instance's shape, ports and timing, as the simulator parses them
-        assert lc["image"] == wc["image"] == plan.config["simulator"]["image"]
+        assert lc["image"] == wc["image"] == pinned_runtime_image(plan)  # the kit's image, built by the stack
         assert "resources" in wc and plan.config["kubernetes"]["npu_resource"] not in json.dumps(wc["resources"])
         # the simulated worker holds its node and is Ready when the leader serves (through the API Service)
         assert wc["command"] == ["sleep", "infinity"]

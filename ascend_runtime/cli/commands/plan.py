@@ -76,6 +76,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from ascend_runtime.config.runtime_image import digest_warning  # noqa: PLC0415
+
+    warning = digest_warning(plan.config)  # a prebuilt runtime image without a digest: allowed, not pinned
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     if getattr(args, "advise", False):
         from ascend_runtime.planner.advise import advice_lines  # noqa: PLC0415
 

@@ -60,7 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                      help="the running stack's state (default $ASCEND_DEPLOY_STATE_DIR/<stack> or ~/.local/state/ascend-deploy/<stack>)")
     k = p.add_argument_group("kubernetes and kind stacks")
     k.add_argument("--engine-image", metavar="IMAGE",
-                   help="the new engine image (default: the stack file's engine.image, or simulator.image on kind)")
+                   help="the new engine image (default: the stack file's engine.image; on kind simulator.image, "
+                   "by default the runtime image)")
     k.add_argument("--proxy", action="append", default=[], metavar="URL",
                    help="a proxy replica's base URL (repeat; default: every endpoint of the pd-proxy Service)")
     k.add_argument("--proxy-service", metavar="NAMESPACE/NAME:PORT", help="drain on every endpoint of this Service")

@@ -50,7 +50,7 @@ def checks_job(ctx: Context) -> K8sObject | None:
         "automountServiceAccountToken": False,  # talks to the proxy only
         "containers": [{
             "name": "checks",
-            "image": ctx.k8s["runtime_image"],
+            "image": ctx.runtime_image,
             "imagePullPolicy": "IfNotPresent",
             "command": ["/bin/sh", "-c", check_script(ctx)],
             "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ascend_runtime.config.runtime_image import configured_reference
 from ascend_runtime.config.secrets import SECRET_KEYS as CONFIG_SECRET_KEYS
 from ascend_runtime.planner.plan import Plan
 from ascend_runtime.render.environment import secret_env_references
@@ -137,6 +138,11 @@ class Context:
     def simulated(self) -> bool:
         """True on kind (and local): the engine is the simulator and no NPUs are requested."""
         return self.plan.target in ("kind", "local")
+
+    @property
+    def runtime_image(self) -> str:
+        """The kit's image as the stack names it; the Pulumi program pins a build's digest (deploy/image.py)."""
+        return configured_reference(self.plan.config)
 
     @property
     def image_pull_secrets(self) -> list[dict[str, str]]:

@@ -41,7 +41,7 @@ def controller_container(ctx: Context, name: str, command: list[str], metrics_po
     """
     container: dict[str, Any] = {
         "name": name,
-        "image": ctx.k8s["runtime_image"],
+        "image": ctx.runtime_image,
         "imagePullPolicy": "IfNotPresent",
         "command": command,
     }

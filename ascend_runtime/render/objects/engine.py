@@ -24,6 +24,7 @@ import math
 import posixpath
 from typing import Any
 
+from ascend_runtime.config.runtime_image import simulator_image
 from ascend_runtime.planner.plan import InstancePlan, RankPlan
 from ascend_runtime.render.launch import (
     WORKER_NODE_ENV,
@@ -272,7 +273,7 @@ def _container(ctx: Context, inst: InstancePlan, rank: RankPlan, worker_template
         ports.append({"name": "api", "containerPort": inst.api_port, "protocol": "TCP"})
     script = worker_script_name(inst) if worker_template else f"{rank.name}.sh"
     if ctx.simulated:
-        image = ctx.plan.config["simulator"]["image"]
+        image = simulator_image(ctx.plan.config)
         if rank.is_leader:
             command = simulator_command(ctx, inst, rank)
         else:

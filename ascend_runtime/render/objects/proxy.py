@@ -72,7 +72,7 @@ def proxy_objects(ctx: Context) -> list[K8sObject]:
         "automountServiceAccountToken": False,  # routes from its instances file: no API access
         "containers": [{
             "name": "proxy",
-            "image": ctx.k8s["runtime_image"],
+            "image": ctx.runtime_image,
             "imagePullPolicy": "IfNotPresent",
             # the CLI binds 127.0.0.1 by default; clients reach the pod on its IP
             "command": ["ascend-deploy", "proxy", "--host", "0.0.0.0", "--port", str(port),
