@@ -51,8 +51,9 @@ What the engines themselves write (checked in the released code)::
         ``log_balancedness_interval``, ``use_async``, ``policy``, ``communicator`` and no key that
         saves or loads load records; ``log_balancedness`` logs only avg/max tokens per rank.
 
-So ``rank_<r>.json`` is this kit's own format (written by :func:`ascend_runtime.sim.experts.record_dumps`
-and by an adapter an operator runs beside an engine); it is per *logical* expert, where the engines
+So ``rank_<r>.json`` is this kit's own format (written by ``ascend-deploy balance record`` from running
+simulators, :mod:`ascend_runtime.balancer.record`, by :func:`ascend_runtime.sim.experts.record_dumps`, and by an
+adapter an operator runs beside an engine); it is per *logical* expert, where the engines
 count per physical slot.
 """
 

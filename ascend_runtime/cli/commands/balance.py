@@ -1,4 +1,4 @@
-"""`ascend-deploy balance plan|serve`: expert placement and the balancing daemon."""
+"""`ascend-deploy balance plan|record|evaluate|serve`: expert placement, recorded load, its replay and the balancing daemon."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ EVAL_POLICIES = ("none", "greedy", "swift_balancer", "flashlb", "ours")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``balance`` with sub-commands ``plan``, ``evaluate`` and ``serve``."""
+    """Add ``balance`` with sub-commands ``plan``, ``evaluate``, ``record`` and ``serve``."""
     p = subparsers.add_parser("balance", help="expert load balancing: plan a map, or run the daemon")
     sub = p.add_subparsers(dest="balance_command", metavar="SUBCOMMAND")
     p.set_defaults(func=lambda a: (p.print_help(sys.stderr), 2)[1])
@@ -57,6 +57,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--window-seconds", type=float, default=60.0, help="seconds one recorded window spans (moves per hour)")
     ev.add_argument("--plot", default="balance-evaluate.png", type=path_arg, help="PNG of balancedness and MoE time over the replay (default: balance-evaluate.png in the current directory)")
     ev.set_defaults(func=cmd_evaluate)
+
+    rec = sub.add_parser("record", help="record expert load from running simulators as dump snapshots (for evaluate)")
+    add_stack_options(rec, required=False)
+    rec.add_argument("--instance", action="append", default=[], metavar="NAME=URL",
+                     help="without --stack: an instance whose GET URL/admin/expert_load is polled (repeat)")
+    rec.add_argument("--out", required=True, type=path_arg, help="new or empty directory for the snapshots "
+                     "(with --stack: OUT/prefill/ and OUT/decode/, what balance evaluate --stack reads)")
+    rec.add_argument("--windows", type=int, default=12, help="snapshots to record per stage (default 12; at least 2)")
+    rec.add_argument("--every-s", type=float, default=10.0, help="seconds one window spans (default 10)")
+    rec.add_argument("--sim-token-env", metavar="VAR",
+                     help="env var holding the simulators' admin bearer token (the local stack's: ASCEND_SIM_ADMIN_TOKEN)")
+    rec.set_defaults(func=cmd_record)
 
     serve = sub.add_parser("serve", help="run the balancing daemon")
     serve.add_argument("--instance", action="append", default=[], metavar="NAME=URL",
@@ -480,6 +492,79 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return input_error("--plot", f"cannot write {args.plot} ({exc.strerror or type(exc).__name__}); "
                                      "name a PNG file in a directory this user can write")
     print(f"wrote {args.plot} (panels: {'; '.join(titles)}; one line per policy at its best setting)")
+    return 0
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    """Poll running simulators' expert load into dump snapshots; exit 1 if a stage got fewer than 2 windows."""
+    import aiohttp  # noqa: PLC0415
+
+    from ascend_runtime.balancer.record import record  # noqa: PLC0415
+    from ascend_runtime.balancer.sources import HttpLoadSource  # noqa: PLC0415
+    from ascend_runtime.cli.stackargs import (  # noqa: PLC0415
+        MAX_COUNT,
+        check_count,
+        check_http_url,
+        check_interval,
+        check_output_dir,
+        first_error,
+        plan_or_exit,
+    )
+
+    pairs = _pairs(args.instance, "--instance")
+    if isinstance(pairs, str):
+        return input_error("--instance", pairs)
+    if bool(args.stack) == bool(pairs):
+        return input_error("--stack/--instance", "give a stack (its prefill and decode instances) or --instance "
+                                                 "NAME=URL, one of the two")
+    bad = first_error(check_count("--windows", args.windows, minimum=2, maximum=MAX_COUNT),
+                      check_interval("--every-s", args.every_s), check_output_dir("--out", args.out),
+                      *(check_http_url(f"--instance {name}", url) for name, url in pairs))
+    if bad is not None:
+        return bad
+    out = Path(args.out)
+    if out.is_dir() and any(out.iterdir()):
+        return input_error("--out", f"{out} is not empty; give a new or empty directory (snapshots of two recordings "
+                                    "would read as one history)")
+    token, rc = env_secret("--sim-token-env", args.sim_token_env)
+    if rc:
+        return rc
+    if args.stack:
+        plan = plan_or_exit(args)
+        if plan is None:
+            return 2
+        targets = {role: [(i.name, i.api_url) for i in plan.by_role(role)] for role in ("prefill", "decode")}
+    else:
+        targets = {"": pairs}
+    stages: dict[str, list[Any]] = {}
+    for stage, named in targets.items():
+        sources = [HttpLoadSource(name, url) for name, url in named]
+        stages[stage] = [_WithSimToken(s, token) for s in sources] if token else list(sources)
+
+    async def run() -> dict[str, int]:
+        async with aiohttp.ClientSession() as session:
+            return await record(stages, out, args.windows, args.every_s, session,
+                                say=lambda line: print(line, flush=True))
+
+    try:
+        written = asyncio.run(run())
+    except KeyboardInterrupt:
+        print("interrupted; the snapshots written so far are complete", file=sys.stderr)
+        return 1
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
+        print(f"error: cannot read expert load ({_short(exc) or type(exc).__name__}); check the instances serve "
+              "GET /admin/expert_load (simulators) and --sim-token-env", file=sys.stderr)
+        return 1
+    short = {stage or "load": n for stage, n in written.items() if n < 2}
+    if short:
+        print("error: " + ", ".join(f"{stage}: {n} window(s) routed tokens" for stage, n in short.items())
+              + "; balance evaluate needs 2 or more: send requests while recording (e.g. ascend-deploy check "
+              "throughput) and record again into a new directory", file=sys.stderr)
+        return 1
+    load_dir = out if not args.stack else f"{out} --stack {args.stack}"
+    counts = ", ".join(f"{stage or 'load'} {n} windows" for stage, n in written.items())
+    print(f"recorded {counts} in {out}; "
+          f"next: ascend-deploy balance evaluate --load-dir {load_dir} --window-seconds {args.every_s:g}")
     return 0
 
 
