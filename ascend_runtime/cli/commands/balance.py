@@ -1,4 +1,4 @@
-"""`ascend-deploy balance plan|record|evaluate|serve`: expert placement, recorded load, its replay and the balancing daemon."""
+"""`ascend-deploy balance plan|record|evaluate|serve`: placement, recorded load, its replay, the daemon."""
 
 from __future__ import annotations
 
