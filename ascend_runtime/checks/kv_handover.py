@@ -33,10 +33,10 @@ from ascend_runtime.checks.http import JSON_HEADERS, base_url
 from ascend_runtime.checks.items import DECODE_HEADER, PREFILL_HEADER, CheckFailed, CheckItem, Instance, SmokeContext
 from ascend_runtime.checks.prompts import random_prompt, request_body
 
-EXTERNAL_HITS = "vllm:external_prefix_cache_hits"
-LOCAL_HITS = "vllm:prefix_cache_hits"
+#: The samples the item reads, as /metrics exposes them (counters with their ``_total``).
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+LOCAL_HITS = "vllm:prefix_cache_hits_total"
 CACHE_CONFIG = "vllm:cache_config_info"
-#: Metric families the item reads (release surface names, without the exposition's ``_total``).
 METRICS_READ = (EXTERNAL_HITS, LOCAL_HITS, CACHE_CONFIG)
 #: Prompt length in blocks of the engine (the prompt is longer than the block: whole blocks must move).
 PROMPT_BLOCKS = 2
@@ -61,13 +61,13 @@ def read_counters(text: str) -> DecodeCounters:
     # gives no HELP line, and under the counter's family when it does
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in (EXTERNAL_HITS + "_total", LOCAL_HITS + "_total"):
-                sums[sample.name[:-len("_total")]] = sums.get(sample.name[:-len("_total")], 0.0) + sample.value
+            if sample.name in (EXTERNAL_HITS, LOCAL_HITS):
+                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
             elif sample.name == CACHE_CONFIG and sample.labels.get("block_size", "").isdigit():
                 block = int(sample.labels["block_size"])
     for name in (EXTERNAL_HITS, LOCAL_HITS):
         if name not in sums:
-            raise CheckFailed(f"the engine exports no {name}_total, so whether KV moved cannot be read; "
+            raise CheckFailed(f"the engine exports no {name}, so whether KV moved cannot be read; "
                               "it is a metric of vLLM 0.23 (log_stats must be on: do not pass --disable-log-stats)")
     return DecodeCounters(sums[EXTERNAL_HITS], sums[LOCAL_HITS], block)
 

@@ -109,6 +109,24 @@ async def http_ok(session: aiohttp.ClientSession, url: str) -> bool:
         return False
 
 
+async def proxy_routes_all(session: aiohttp.ClientSession, url: str) -> bool:
+    """True when the proxy's ``/health`` at ``url`` answers 200 with every instance of both roles routable
+    (its JSON: ``{"prefill": {"total": N, "routable": N, ...}, "decode": {...}}``, docs/proxy.md)."""
+    import aiohttp  # noqa: PLC0415 - kept off the CLI's start-up path
+
+    try:
+        async with session.get(url) as resp:
+            if resp.status != 200:
+                return False
+            health = await resp.json(content_type=None)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+        return False
+    try:
+        return all(health[role]["routable"] == health[role]["total"] for role in ("prefill", "decode"))
+    except (KeyError, TypeError):
+        return False
+
+
 # --- who listens where ------------------------------------------------------------------------
 
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's st column

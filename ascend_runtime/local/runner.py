@@ -43,12 +43,14 @@ from ascend_runtime.local.processes import (
     owns_listener,
     port_taken,
     process_line,
+    proxy_routes_all,
     start_process,
     stop_process_group,
 )
 from ascend_runtime.config.errors import ConfigError
 from ascend_runtime.local.state import ProcessRecord, StackState
 from ascend_runtime.local.topology import (
+    ENGINE_KINDS,
     TOKEN_FILES,
     listen_ports,
     local_processes,
@@ -265,7 +267,14 @@ async def wait_ready(state: StackState, timeout_s: float, console: Console) -> N
                 for name, record in list(pending.items()):
                     if not is_alive(record.pid):
                         raise LocalStackError(f"{name} exited during start-up; last lines of {record.log}:\n{log_tail(record.log)}")
-                    if not await http_ok(session, record.health_url):
+                    if record.kind == "proxy":
+                        # its /health turns 200 before it has probed the engines (it starts optimistic, then
+                        # ejects those not up yet): ready once every engine is and the proxy routes to all
+                        if any(p.kind in ENGINE_KINDS for p in pending.values()):
+                            continue
+                        if not await proxy_routes_all(session, record.health_url):
+                            continue
+                    elif not await http_ok(session, record.health_url):
                         continue
                     owned, other = ownership(record)
                     if owned is False and other is not None and other != record.pid:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from ascend_runtime.planner.plan import Plan
 
+#: ProcessSpec kinds that serve a Plan instance (the proxy is ready only once these are).
+ENGINE_KINDS = ("simulator", "vllm")
 #: Seconds between balancer cycles on the local stack (simulated time runs faster).
 LOCAL_BALANCE_INTERVAL_S = 5.0
 PROXY_TOKEN_ENV = "ASCEND_PROXY_TOKEN"

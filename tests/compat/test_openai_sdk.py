@@ -34,25 +34,34 @@ async def test_completion(client):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_n_and_prompt_lists(client, stream):
-    kw = {"model": MODEL, "prompt": ["a b c", "d e"], "n": 2, "max_tokens": 4}
+async def test_n_with_one_prompt_and_prompt_lists_refused(client, target, stream):
+    """n > 1 answers every choice; through PD a list of several prompts is refused naming ``prompt`` (the
+    prefill answer carries one prompt's KV: proxy/validate.py), where one engine alone serves it."""
+    kw = {"model": MODEL, "prompt": ["a b c"], "n": 2, "max_tokens": 4}
     if not stream:
         r = await client.completions.create(**kw)
-        assert [c.index for c in r.choices] == [0, 1, 2, 3]  # prompt * n + choice
+        assert [c.index for c in r.choices] == [0, 1]
         assert all(c.finish_reason == "length" and len(c.text.split()) == 4 for c in r.choices)
         assert r.choices[0].text != r.choices[1].text
-        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (5, 16)
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (3, 8)
+    else:
+        chunks = await collect(await client.completions.create(**kw, stream=True))
+        texts: dict[int, str] = {}
+        finished = []
+        for ch in chunks:
+            (c,) = ch.choices
+            texts[c.index] = texts.get(c.index, "") + c.text
+            if c.finish_reason:
+                finished.append(c.index)
+        assert sorted(texts) == [0, 1] and sorted(finished) == [0, 1]
+        assert all(len(t.split()) == 4 for t in texts.values())
+    batch = {**kw, "prompt": ["a b c", "d e"], "stream": stream}
+    if target.kind == "direct":
+        assert (await client.completions.create(**{**batch, "stream": False})).choices[3].index == 3
         return
-    chunks = await collect(await client.completions.create(**kw, stream=True))
-    texts: dict[int, str] = {}
-    finished = []
-    for ch in chunks:
-        (c,) = ch.choices
-        texts[c.index] = texts.get(c.index, "") + c.text
-        if c.finish_reason:
-            finished.append(c.index)
-    assert sorted(texts) == [0, 1, 2, 3] and sorted(finished) == [0, 1, 2, 3]
-    assert all(len(t.split()) == 4 for t in texts.values())
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.completions.create(**batch)
+    assert refused.value.body["param"] == "prompt", refused.value.body
 
 
 async def test_completion_stop(client):

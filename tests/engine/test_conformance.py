@@ -24,6 +24,8 @@ from tests.conftest import STACK_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Modules that read engine metrics at run time (proxy routing, checks).
+from ascend_runtime.checks.kv_handover import METRICS_READ  # noqa: E402
+
 METRIC_READERS = ("ascend_runtime/proxy", "ascend_runtime/checks", "ascend_runtime/balancer")
 
 
@@ -74,7 +76,10 @@ def test_metric_names_read_by_proxy_checks_balancer_exist(version: str) -> None:
             names |= conformance.metric_names_in(path.read_text())
     names -= {"vllm"}
     assert names, "no metric names found: the scan is broken"
-    assert conformance.metric_violations(names, surface, "runtime readers") == []
+    # the smoke check's KV handover item reads connector counters that older releases do not export; there
+    # it fails saying the engine exports no such counter (tests/checks: ..._fails_when_decode_exports_no_counters)
+    optional = set(METRICS_READ) - surface.exposed_metric_names() if version != "0.23.0" else set()
+    assert conformance.metric_violations(names - optional, surface, "runtime readers") == []
 
 
 @pytest.mark.parametrize("version", ["0.11.0", "0.23.0"])

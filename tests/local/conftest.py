@@ -53,26 +53,26 @@ def bindable(host: str, port: int) -> bool:
     return True
 
 
-def plan_addresses(stacks: Path) -> list[tuple[str, int]]:
-    """Every address the local stack of ``stacks`` binds: API and KV port per instance, proxy, balancer metrics."""
-    plan = load_plan("local", stacks)
+def plan_addresses(stacks: Path, stack: str = "local") -> list[tuple[str, int]]:
+    """Every address ``stack`` of ``stacks`` binds: API and KV port per instance, proxy, balancer metrics."""
+    plan = load_plan(stack, stacks)
     addresses = [(i.api_host, p) for i in plan.instances for p in (i.api_port, i.ranks[0].kv_port)]
     return addresses + [(plan.proxy_host, plan.proxy_port), ("127.0.0.1", int(plan.config["ports"]["balancer_metrics"]))]
 
 
-def free_port_stacks(tmp_path: Path) -> Path:
-    """A copy of stacks/ whose local stack uses ports that are free right now; returns the directory."""
+def free_port_stacks(tmp_path: Path, stack: str = "local") -> Path:
+    """A copy of stacks/ whose ``stack`` uses ports that are free right now; returns the directory."""
     stacks = tmp_path / "stacks"
     shutil.copytree(ROOT / "stacks", stacks)
-    stack_file = stacks / "Pulumi.local.yaml"
+    stack_file = stacks / f"Pulumi.{stack}.yaml"
     doc = yaml.safe_load(stack_file.read_text())
     for base in random.sample(BASES, len(BASES)):
         doc["config"][NAMESPACE + "ports"] = {"api_base": base, "proxy": base + 10, "balancer_metrics": base + 11,
                                               "dp_rpc_base": base + 20, "kv_base": base + 100}
         stack_file.write_text(yaml.safe_dump(doc, sort_keys=False))
-        if all(bindable(host, port) for host, port in plan_addresses(stacks)):
+        if all(bindable(host, port) for host, port in plan_addresses(stacks, stack)):
             return stacks
-    pytest.skip("no free block of ports for a copy of the local stack")
+    pytest.skip(f"no free block of ports for a copy of the {stack} stack")
 
 
 def assert_checks_passed(up: subprocess.CompletedProcess[str]) -> str:
