@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from ascend_runtime.config.loader import available_stacks
+from ascend_runtime.config.loader import available_stacks, load_stack
 
 from .harness import Run, run_stack
 
 STACKS = available_stacks()
-K8S_STACKS = [s for s in STACKS if s != "local"]
+#: every stack the Pulumi program deploys: all but those of the local target (processes on this machine)
+K8S_STACKS = [s for s in STACKS if load_stack(s).config.target != "local"]
 _RUNS: dict[str, Run] = {}
 
 
