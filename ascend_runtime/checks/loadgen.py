@@ -134,8 +134,11 @@ async def stream_request(session: aiohttp.ClientSession, url: str, body: bytes) 
                         msg = err.get("message", err) if isinstance(err, dict) else err
                         r.error = f"stream error event: {msg}"
                         return r
+                    # as `vllm bench serve` (vllm/benchmarks/lib/endpoint_request_func.py, 0.23.0): every chunk
+                    # with choices is a token event, empty text included (a special token, the chat role chunk
+                    # vLLM sends with the first token, a finish-only chunk); the usage chunk has no choices
                     text = chunk_text(obj)
-                    if text:
+                    if text is not None:
                         if r.content_chunks:
                             r.itl.append(ts - last)
                         else:

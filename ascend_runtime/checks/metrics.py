@@ -2,11 +2,11 @@
 
 Definitions (facts file, section 8; same as vLLM's ``benchmark_serving``):
 
-- TTFT  = time of the first content chunk - send time, per request.
-- E2EL  = time of the last content chunk - send time, per request.
+- TTFT  = time of the first token event (a chunk with choices, empty text included) - send time.
+- E2EL  = time of the last token event - send time, per request.
 - TPOT  = (E2EL - TTFT) / (output tokens - 1), per request with > 1 output
   token; statistics are over requests.
-- ITL   = gaps between consecutive content chunks, pooled over all requests.
+- ITL   = gaps between consecutive token events, pooled over all requests.
 - output throughput = all output tokens / duration; total token throughput =
   (input + output tokens) / duration; request throughput = completed / duration.
 - goodput = completed requests meeting every given SLO (TTFT, TPOT, E2EL) per

@@ -125,8 +125,6 @@ class FakeOpenAI:
         def event(d: dict) -> bytes:
             return b"data: " + json.dumps(d).encode() + b"\n\n"
 
-        if chat and self.b.role_chunk:
-            await resp.write(event({"object": obj + ".chunk", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
         for i in range(n):
             if self.b.error_after is not None and i == self.b.error_after:
                 await resp.write(event({"error": {"message": "decode instance lost", "code": 502}}))
@@ -134,6 +132,10 @@ class FakeOpenAI:
             delay = t0 + self.b.ttft_s + i * self.b.itl_s - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if i == 0 and chat and self.b.role_chunk:  # vLLM sends the role chunk with the first token
+                writes.append(time.perf_counter())  # a token event for `vllm bench serve` too
+                await resp.write(event({"object": obj + ".chunk",
+                                        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
             piece = f" w{i}"
             choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
             writes.append(time.perf_counter())
