@@ -59,6 +59,7 @@ from ascend_runtime.proxy.errors import (
 )
 from ascend_runtime.proxy.metrics import ITL_BUCKETS, ProxyMetrics
 from ascend_runtime.proxy.migrate import (
+    continuation_rewrite,
     MigrationTracker,
     StreamHandle,
     account,
@@ -277,6 +278,7 @@ class Forwarder:
             try:
                 pool.check_available("decode", failed_decodes)  # no prefill work when no decode is left
                 p_state, p_tokens, kv_answer = await self._prefill(request, path, current, client_id)
+                tracker.note_prompt_tokens(kv_answer)  # the first prefill's: the client's own prompt
             except NoInstanceError as exc:
                 if exc.role == "decode":
                     exc = NoInstanceError("decode", {**exc.reasons, **failed_decodes})
@@ -606,9 +608,11 @@ class Forwarder:
         handle = StreamHandle(conn, tracker, history, chunked)
         self.pool.track(d_state, handle)  # an evacuation of d_state stops this relay (migrate.py)
         try:
+            continuing = tracker.migrations > 0 or tracker.retries > 0
             outcome = await conn.relay(first, transport, chunked, history,
                                        lambda blob, hist: self._split_recompute(blob, hist, tracker), stats,
-                                       self.cfg.stream_idle_timeout_s)
+                                       self.cfg.stream_idle_timeout_s,
+                                       continuation_rewrite(tracker) if continuing else None)
         except RelayError as exc:
             return await self._stream_broke(client_resp, d_state, exc, client_id, attempt_id)
         finally:
@@ -618,6 +622,8 @@ class Forwarder:
             m.itl.add(stats.gap_counts, stats.gap_sum)
         if outcome == "client_gone":
             return ("client_gone", client_resp)
+        if outcome in ("migrate", "recompute"):
+            tracker.note_identity(relayed_events(history, chunked))
         if outcome == "migrate":
             tokens = account(tracker, relayed_events(history, chunked))
             log.info("request %s: migrating its stream off decode %s (attempt %s) after %d tokens here, %d in all; "

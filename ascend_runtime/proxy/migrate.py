@@ -30,13 +30,20 @@ The continuation request (:func:`continuation_request`):
 Streams that are not continued this way finish in place (the drain then waits
 for them): more than one choice (``n`` > 1), ``echo``, a prompt that is not
 one string (token ids, batches), and a stream with fewer than
-:data:`MIN_TOKENS_LEFT` tokens left. ``usage`` in a final usage chunk is the
-continuation's, as after a recompute.
+:data:`MIN_TOKENS_LEFT` tokens left.
+
+The continuation is the same answer to the client (:func:`continuation_rewrite`): its events carry the
+first attempt's ``id`` and ``created``, and its ``usage`` counts the original prompt (the first prefill
+answer's ``usage.prompt_tokens``) and every token the client got (those relayed before plus the
+continuation's), not the continuation's own prompt (original prompt + text so far), so a client that
+bills by usage is charged for what it asked and got. The same holds after a recompute.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +65,27 @@ class MigrationTracker(RecomputeTracker):
     fields: Any = None
     migrations: int = 0
     resume: bool = False
+    #: the answer as the client first saw it: its ``id`` and ``created``, and the original prompt's tokens
+    stream_id: str | None = None
+    stream_created: int | None = None
+    prompt_tokens: int | None = None
+
+    def note_identity(self, events: list[dict[str, Any]]) -> None:
+        """Keep the ``id`` and ``created`` of the first relayed event (the answer's, for its continuations)."""
+        if self.stream_id is None and events:
+            first = events[0]
+            if isinstance(first.get("id"), str):
+                self.stream_id = first["id"]
+            if isinstance(first.get("created"), int):
+                self.stream_created = first["created"]
+
+    def note_prompt_tokens(self, prefill_answer: Any) -> None:
+        """Keep the original prompt's token count from the first prefill answer's ``usage``."""
+        if self.prompt_tokens is None and isinstance(prefill_answer, dict):
+            usage = prefill_answer.get("usage")
+            tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+            if isinstance(tokens, int) and not isinstance(tokens, bool):
+                self.prompt_tokens = tokens
 
     def limit(self) -> int | None:
         """The request's output token limit (None: none)."""
@@ -140,6 +168,43 @@ def continuation_request(tracker: MigrationTracker) -> dict[str, Any]:
         req["min_tokens"] = max(0, req["min_tokens"] - used)
     tracker.current = req
     return req
+
+
+def continuation_rewrite(tracker: MigrationTracker) -> Callable[[bytes], bytes]:
+    """A rewrite of a continuation's complete SSE events (module docstring): the first attempt's ``id`` and
+    ``created``; ``usage`` with the original prompt's tokens and, as completion tokens, the
+    ``tracker.tokens_relayed()`` tokens before this continuation plus its own. Lines that are not JSON
+    ``data:`` objects pass unchanged."""
+    before = tracker.tokens_relayed()
+
+    def fix(obj: dict[str, Any]) -> None:
+        if tracker.stream_id is not None and "id" in obj:
+            obj["id"] = tracker.stream_id
+        if tracker.stream_created is not None and "created" in obj:
+            obj["created"] = tracker.stream_created
+        usage = obj.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            if tracker.prompt_tokens is not None:
+                usage["prompt_tokens"] = tracker.prompt_tokens
+            usage["completion_tokens"] += before
+            if isinstance(usage.get("prompt_tokens"), int):
+                usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+
+    def rewrite(data: bytes) -> bytes:
+        lines = data.split(b"\n")
+        for i, line in enumerate(lines):
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            try:
+                obj = json.loads(line[5:])
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                fix(obj)
+                lines[i] = b"data: " + json.dumps(obj, separators=(",", ":")).encode()
+        return b"\n".join(lines)
+
+    return rewrite
 
 
 def drop_role_events(payload: bytes) -> bytes:

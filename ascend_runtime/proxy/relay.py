@@ -382,7 +382,7 @@ class DecodeConnection(asyncio.Protocol):
     # ---- the relay -------------------------------------------------------------------------
     async def relay(self, first: bytes, client: asyncio.Transport, chunked: bool, history: list[bytes],
                     on_recompute: Callable[[bytes, list[bytes]], tuple[bytes, bool]], stats: StreamStats,
-                    idle_timeout_s: float) -> str:
+                    idle_timeout_s: float, rewrite: Callable[[bytes], bytes] | None = None) -> str:
         """Relay the rest of the body to ``client``; ``first``: payload already received.
 
         Returns "done" (body ended; the caller writes the end of the client's
@@ -393,7 +393,8 @@ class DecodeConnection(asyncio.Protocol):
         ``history`` collects what was written to the client (chunk frames when
         ``chunked``; :func:`deframe` gives the events). ``on_recompute(events,
         events so far)`` gets complete events that contain ``recomputed`` and
-        returns (bytes to relay, recompute?).
+        returns (bytes to relay, recompute?). ``rewrite``: applied to every run of complete events before it is
+        written (a continuation's: migrate.continuation_rewrite); it turns the pass-through fast path off.
         """
         loop = self.loop
         time_ = self._time
@@ -454,6 +455,8 @@ class DecodeConnection(asyncio.Protocol):
             recompute = False
             if b"recomputed" in data:
                 data, recompute = on_recompute(data, deframe(history) if chunked else list(history))
+            if rewrite is not None and data:
+                data = rewrite(data)
             if is_closing():
                 finish("client_gone")
                 return
@@ -501,7 +504,7 @@ class DecodeConnection(asyncio.Protocol):
                 pause()
 
         self._sink = sink
-        if chunked and self.head is not None and self.head.chunked:
+        if chunked and self.head is not None and self.head.chunked and rewrite is None:
             transport.set_protocol(_Relaying(fast, self))  # uvloop then calls fast() per read, one frame
         self.last_data = start
         idle_handle: list[asyncio.TimerHandle | None] = [None]
@@ -546,6 +549,8 @@ class DecodeConnection(asyncio.Protocol):
         if pending:  # a last event without its blank line: relayed as it came
             if is_closing():
                 return "client_gone"
+            if rewrite is not None:
+                pending = rewrite(pending)
             out = b"%x\r\n%b\r\n" % (len(pending), pending) if chunked else pending
             write(out)
             now = time_()

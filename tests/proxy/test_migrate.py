@@ -118,14 +118,14 @@ async def _running(engine: Any) -> float:
 
 def _check_migrated(pieces: list[str], reference: list[str], usage: dict[str, Any], prompt_tokens: int,
                     chat: bool) -> int:
-    """The migrated stream is reference[:k] + reference[:N - k]; returns k (tokens before the move)."""
-    k = usage["prompt_tokens"] - prompt_tokens - (CHAT_TOKENS_PER_MESSAGE if chat else 0)
-    assert 0 < k < N, usage
-    assert usage["completion_tokens"] == N - k  # the continuation asked for exactly the tokens still due
+    """The migrated stream is reference[:k] + reference[:N - k]; returns k (tokens before the move).
+
+    Its usage is the client's answer as a whole: the original prompt, every token it got (N)."""
+    assert usage == {"prompt_tokens": prompt_tokens, "completion_tokens": N, "total_tokens": prompt_tokens + N}, usage
     assert len(pieces) == N  # nothing lost, nothing repeated
-    assert pieces[:k] == reference[:k]  # what the evacuated instance had sent
-    assert pieces[k:] == reference[:N - k]  # the continuation's own text, from its first token on
-    return k
+    splits = [k for k in range(1, N) if pieces[:k] == reference[:k] and pieces[k:] == reference[:N - k]]
+    assert splits, "not the evacuated instance's text followed by the continuation's own from its first token"
+    return splits[0]
 
 
 async def test_drain_with_migrate_moves_streams(engines):
@@ -158,6 +158,10 @@ async def test_drain_with_migrate_moves_streams(engines):
                 pieces, usage, roles = _pieces(events, chat)
                 assert len(usage) == 1
                 _check_migrated(pieces, reference, usage[0], prompt_tokens, chat)
+                # one answer to the client: one id and one created time from its first chunk to its last
+                objects = [json.loads(e) for e in events[:-1]]
+                assert len({o["id"] for o in objects}) == 1 and len({o["created"] for o in objects}) == 1, \
+                    sorted({o["id"] for o in objects})
                 if chat:
                     assert roles == 1  # the continuation's role chunk is not relayed again
                 assert await _metric(s, px.url, "ascend_proxy_migrations_total") == before + 1
