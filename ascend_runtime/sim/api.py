@@ -102,16 +102,36 @@ class ApiError(Exception):
         return error_body(self.message, self.status, self.err_type, self.param)
 
 
-def _bad_request(errors: list[Any]) -> ApiError:
-    """FastAPI's RequestValidationError answer: type "Bad Request", message ``str(errors)``, param from the
-    first VLLMValidationError (server_utils.py ``validation_exception_handler``)."""
+#: Where vLLM 0.23.0's routes are defined (serve/utils/api_utils.py): FastAPI names the endpoint of a body
+#: validation error in its message. ``None``: a dependency's error (no endpoint).
+_ENDPOINTS = {"completions": ("create_completion", 34, "/v1/completions"),
+              "chat": ("create_chat_completion", 40, "/v1/chat/completions"),
+              "tokenize": ("tokenize", 38, "/tokenize")}
+_API_UTILS = "vllm/entrypoints/serve/utils/api_utils.py"
+
+
+def validation_message(errors: list[Any], endpoint: str | None) -> str:
+    """The message ``validation_exception_handler`` (server_utils.py) writes: ``str()`` of FastAPI's
+    ``RequestValidationError`` (``N validation error(s):``, one line per error, then the endpoint's file,
+    line, function and ``POST <path>`` for a body error; fastapi/exceptions.py), a space and the list."""
+    lines = [f"{len(errors)} validation error{'s' if len(errors) != 1 else ''}:"] + [f"  {e}" for e in errors]
+    text = "\n".join(lines) + "\n"
+    if endpoint is not None:
+        function, line, path = _ENDPOINTS[endpoint]
+        text += f'\n  File "{_API_UTILS}", line {line}, in {function}\n    POST {path}'
+    return f"{text.rstrip()} {errors}"
+
+
+def _bad_request(errors: list[Any], endpoint: str | None) -> ApiError:
+    """FastAPI's RequestValidationError answer: type "Bad Request", message :func:`validation_message`,
+    param from the first VLLMValidationError (server_utils.py ``validation_exception_handler``)."""
     param = None
     for err in errors:
         ctx = err.get("ctx") if isinstance(err, dict) else None
         if ctx and isinstance(ctx.get("error"), VLLMValidationError):
             param = ctx["error"].parameter
             break
-    return ApiError(400, str(errors), "Bad Request", param)
+    return ApiError(400, validation_message(errors, endpoint), "Bad Request", param)
 
 
 def _pydantic_errors(exc: ValidationError) -> list[dict[str, Any]]:
@@ -125,19 +145,19 @@ def _pydantic_errors(exc: ValidationError) -> list[dict[str, Any]]:
     return out
 
 
-def decode_body(raw: bytes, content_type: str) -> Any:
-    """The JSON body, or the 400 FastAPI answers (``validate_json_request`` in serve/utils/api_utils.py, then
-    the ``json_invalid`` error of the body parser)."""
+def decode_body(raw: bytes, content_type: str, endpoint: str = "completions") -> Any:
+    """The JSON body, or the 400 FastAPI answers (``validate_json_request`` in serve/utils/api_utils.py, a
+    dependency, then the ``json_invalid`` error of the body parser)."""
     if content_type.split(";", 1)[0].strip().lower() != "application/json":
-        raise _bad_request(["Unsupported Media Type: Only 'application/json' is allowed"])
+        raise _bad_request(["Unsupported Media Type: Only 'application/json' is allowed"], None)
     try:
         return json.loads(raw)
     except json.JSONDecodeError as exc:
         raise _bad_request([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
-                             "input": {}, "ctx": {"error": exc.msg}}]) from None
+                             "input": {}, "ctx": {"error": exc.msg}}], endpoint) from None
     except UnicodeDecodeError as exc:
         raise _bad_request([{"type": "json_invalid", "loc": ("body", exc.start), "msg": "JSON decode error",
-                             "input": {}, "ctx": {"error": exc.reason}}]) from None
+                             "input": {}, "ctx": {"error": exc.reason}}], endpoint) from None
 
 
 # ---------------------------------------------------------------- request models
@@ -409,6 +429,12 @@ class Prompt:
     pieces: list[str]
     #: Largest token id of a token-id prompt (None for text).
     max_id: int | None = None
+    #: A token-id prompt's ids (None for text).
+    ids: list[int] | None = None
+
+    def token_ids(self) -> list[int]:
+        """The prompt's token ids (a text prompt's: the simulator's ids of its words)."""
+        return list(self.ids) if self.ids is not None else [output.piece_id(p) for p in self.pieces]
 
 
 @dataclass
@@ -439,6 +465,8 @@ class ParsedRequest:
     max_tokens_param: list[int] = field(default_factory=list)
     #: An error the engine raises when the request is first iterated (stage 3), else None.
     engine_error: ApiError | None = None
+    #: ``prompt_logprobs`` as the engine sees it (completions with echo: ``logprobs``), else None.
+    prompt_logprobs: int | None = None
 
     @property
     def response_id(self) -> str:
@@ -476,7 +504,7 @@ def _text_prompt(text: str) -> Prompt:
 
 def _ids_prompt(ids: list[int]) -> Prompt:
     pieces = [output.decode_token(i) for i in ids]
-    return Prompt(len(ids), "".join(pieces), pieces, max(ids, default=None))
+    return Prompt(len(ids), "".join(pieces), pieces, max(ids, default=None), list(ids))
 
 
 def _content_words(content: Any) -> int:
@@ -502,11 +530,15 @@ def parse(body: Any, chat: bool, served_model: str, max_model_len: int, vocab_si
     (a speculative config, which some sampling parameters are refused with). Stage 3 problems are
     returned in ``engine_error``.
     """
+    if not isinstance(body, dict):
+        # vLLM 0.23.0 reads the body as a mapping before validating it: a JSON array, string, number or null
+        # fails with AttributeError, answered 500 (server_utils.py ``exception_handler``)
+        raise ApiError(500, f"'{type(body).__name__}' object has no attribute 'get'", "InternalServerError")
     model_cls = ChatBody if chat else CompletionBody
     try:
         r = model_cls.model_validate(body)
     except ValidationError as exc:
-        raise _bad_request(_pydantic_errors(exc)) from None
+        raise _bad_request(_pydantic_errors(exc), "chat" if chat else "completions") from None
     assert isinstance(body, dict)
     try:
         return _serve(r, body, chat, served_model, max_model_len, vocab_size, header_request_id, spec_decode)
@@ -522,9 +554,8 @@ def _serve(r: Any, body: dict[str, Any], chat: bool, served_model: str, max_mode
         raise ValueError("Streaming is not currently supported with beam search")
     if r.model and r.model != served_model:
         raise ApiError(404, f"The model `{r.model}` does not exist.", "NotFoundError", "model")
-    # what the simulator does not model (it has no beam search, prompt embeddings or prompt log-probabilities)
-    for name, given in (("use_beam_search", r.use_beam_search), ("prompt_embeds", getattr(r, "prompt_embeds", None)),
-                        ("prompt_logprobs", r.prompt_logprobs)):
+    # what the simulator does not model (it has no beam search or prompt embeddings)
+    for name, given in (("use_beam_search", r.use_beam_search), ("prompt_embeds", getattr(r, "prompt_embeds", None))):
         if given:
             raise VLLMValidationError(f"`{name}` is not modelled by the engine simulator.", parameter=name)
     role, echo_text = "assistant", ""
@@ -538,7 +569,8 @@ def _serve(r: Any, body: dict[str, Any], chat: bool, served_model: str, max_mode
         if not r.messages:
             raise ValueError("messages must be a non-empty list")
         words = sum(_content_words(m.content) + CHAT_TOKENS_PER_MESSAGE for m in r.messages)
-        prompts = [Prompt(max(words, 1), "", [])]
+        prompts = [Prompt(max(words, 1), "", output.chat_pieces([(m.role, _content_text(m.content))
+                                                                  for m in r.messages]))]
         if not r.add_generation_prompt:  # chat_completion/serving.py get_chat_request_role
             role = r.messages[-1].role
         if r.echo and r.messages[-1].role == role:
@@ -562,6 +594,8 @@ def _serve(r: Any, body: dict[str, Any], chat: bool, served_model: str, max_mode
         requested, requested_param = r.max_tokens, "max_tokens"
         n = r.n
         logprobs = r.logprobs
+    # completion/protocol.py to_sampling_params: echo asks the prompt's log-probabilities at logprobs
+    prompt_logprobs = r.prompt_logprobs if r.prompt_logprobs is not None or chat or not r.echo else r.logprobs
     # renderers/params.py TokenizeParams: output limit, then each prompt's length
     if requested is not None and requested > max_model_len:
         raise VLLMValidationError(
@@ -599,8 +633,13 @@ def _serve(r: Any, body: dict[str, Any], chat: bool, served_model: str, max_mode
         continuous_usage=include_usage and bool(so and so.continuous_usage_stats),
         kv_transfer_params=r.kv_transfer_params, request_id=rid, logprobs=logprobs, echo=echo, echo_only=echo_only,
         role=role, echo_text=echo_text, max_tokens_param=max_params,
+        prompt_logprobs=prompt_logprobs,
     )
-    rng = random.Random(r.seed if r.seed is not None else rid)
+    # greedy sampling (temperature below vLLM's _SAMPLING_EPS) answers a prompt the same way every time, as a
+    # real model does; otherwise the text derives from the seed, else from the request id
+    greedy = r.temperature is not None and r.temperature < _SAMPLING_EPS
+    prompt_key = json.dumps(body.get("messages" if chat else "prompt"), sort_keys=True, default=str)
+    rng = random.Random(r.seed if r.seed is not None else (prompt_key if greedy else rid))
     eos = requested is None and not r.ignore_eos  # no limit given: the simulated model ends with EOS
     for p_idx, pr in enumerate(prompts):
         offsets = rng.sample(range(len(output.WORDS)), n) if n <= len(output.WORDS) else \
@@ -677,6 +716,11 @@ def _verify_at_engine(r: Any, req: ParsedRequest, vocab_size: int, spec_decode: 
             if k > MAX_LOGPROBS:
                 raise VLLMValidationError(f"Requested sample logprobs of {k}, which is greater than max allowed: "
                                           f"{MAX_LOGPROBS}", parameter="logprobs", value=k)
+        if req.prompt_logprobs:
+            k = vocab_size if req.prompt_logprobs == -1 else req.prompt_logprobs
+            if k > MAX_LOGPROBS:
+                raise VLLMValidationError(f"Requested prompt logprobs of {k}, which is greater than max allowed: "
+                                          f"{MAX_LOGPROBS}", parameter="prompt_logprobs", value=k)
         if r.logit_bias:
             bad = [int(t) for t in r.logit_bias if not 0 <= int(t) < vocab_size]
             if bad:
@@ -694,7 +738,9 @@ def _verify_at_engine(r: Any, req: ParsedRequest, vocab_size: int, spec_decode: 
             raise ValueError("The min_p and logit_bias sampling parameters are not yet supported with speculative "
                              "decoding.")
         rf = r.response_format.type if r.response_format is not None else "text"
-        if rf != "text" or r.structured_outputs is not None:
+        # json_object needs no grammar of the request's own, and every vLLM backend takes it: accepted (the
+        # simulated text is not constrained to JSON); the others need a grammar the simulator cannot check
+        if rf not in ("text", "json_object") or r.structured_outputs is not None:
             what = f"response_format type '{rf}'" if rf != "text" else "structured_outputs"
             # where vLLM's structured output backend validates the grammar (SamplingParams._validate_structured_
             # outputs): the simulator has none, so it refuses every structured output request

@@ -223,6 +223,37 @@ def prompt_logprobs(pieces: list[str], seed: int, k: int) -> list[TokenLogprob]:
     return out
 
 
+def piece_id(piece: str) -> int:
+    """The token id the simulator gives a token string: a word's alternatives have ids from
+    ``WORD_ID_BASE`` on (so a generated word keeps its id), any other string a stable id above them."""
+    if piece in _ALTERNATIVES:
+        return WORD_ID_BASE + _ALTERNATIVES.index(piece)
+    return WORD_ID_BASE + len(_ALTERNATIVES) + int.from_bytes(piece.encode()[:6].ljust(6, b"\0"), "big") % 100_000
+
+
+def chat_pieces(messages: list[tuple[str, str]]) -> list[str]:
+    """A chat prompt's token strings: per message its 4 template markers, then its words."""
+    out: list[str] = []
+    for role, text in messages:
+        out += ["<\uff5c", role, "\uff5c>", "\n"]
+        out += [f" {word}" for word in text.split()]
+    return out
+
+
+def vllm_prompt_logprobs(pieces: list[str], seed: int, k: int) -> list[dict[str, Any] | None]:
+    """``prompt_logprobs`` as vLLM answers them (``clamp_prompt_logprobs`` of ``PromptLogprobs``): ``None`` for
+    the first token, then per token ``{token id: {logprob, rank, decoded_token}}`` for the prompt's own
+    token (the most probable here, rank 1) and the top ``k``."""
+    out: list[dict[str, Any] | None] = []
+    for pos in prompt_logprobs(pieces, seed, k):
+        if pos.top is None:
+            out.append(None)
+            continue
+        out.append({str(piece_id(tok)): {"logprob": lp, "rank": rank, "decoded_token": tok}
+                    for rank, (tok, lp) in enumerate(pos.top[: max(k, 1)], 1)})
+    return out
+
+
 def completion_logprobs(positions: list[TokenLogprob], k: int, text_offset: int = 0) -> dict[str, Any]:
     """``CompletionLogProbs`` (completion/serving.py ``_create_completion_logprobs``)."""
     offsets, logprobs, tokens, tops = [], [], [], []
@@ -338,9 +369,11 @@ class Answer:
                     text = prompt.text
                 elif req.echo:
                     text = prompt.text + text
+                plp = (vllm_prompt_logprobs(prompt.pieces, plan.seed, req.prompt_logprobs)
+                       if req.prompt_logprobs is not None else None)
                 choices.append({"index": plan.index, "text": text, "logprobs": logprobs,
                                 "finish_reason": plan.finish_reason, "stop_reason": plan.stop_reason,
-                                "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None,
+                                "token_ids": None, "prompt_logprobs": plp, "prompt_token_ids": None,
                                 "routed_experts": None})
         body: dict[str, Any] = {
             "id": self.id, "object": "chat.completion" if req.chat else "text_completion", "created": self.created,
@@ -348,7 +381,9 @@ class Answer:
             "usage": _usage(self.prompt_tokens(), sum(generated)),
         }
         if req.chat:
-            body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+            plp = (vllm_prompt_logprobs(req.prompts[0].pieces, req.choices[0].seed, req.prompt_logprobs)
+                   if req.prompt_logprobs is not None else None)
+            body.update(prompt_logprobs=plp, prompt_token_ids=None, prompt_text=None)
         body["kv_transfer_params"] = kv_transfer_params
         return body
 
@@ -405,7 +440,8 @@ class Answer:
             prompt = req.prompts[plan.prompt]
             positions: list[TokenLogprob] = []
             offset = st.shown - len(delta)
-            if req.echo and not st.echoed:
+            echoing = req.echo and not st.echoed
+            if echoing:
                 st.echoed = True
                 delta = prompt.text if req.echo_only else prompt.text + delta
                 if k is not None:
@@ -417,7 +453,9 @@ class Answer:
             choice = {"index": plan.index, "text": delta,
                       "logprobs": completion_logprobs(positions, k, offset) if k is not None else None,
                       "finish_reason": finish, "stop_reason": plan.stop_reason if done else None,
-                      "prompt_token_ids": None, "token_ids": None}
+                      # the echoing chunk carries the prompt's token ids (completion/serving.py)
+                      "prompt_token_ids": prompt.token_ids() if echoing else None,
+                      "token_ids": None}
         chunk = self._chunk(choice)
         if done and not req.include_usage and self.fingerprint is not None:
             chunk["system_fingerprint"] = self.fingerprint

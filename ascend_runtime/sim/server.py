@@ -34,6 +34,7 @@ from aiohttp import web
 
 from ascend_runtime import eventloop
 from ascend_runtime.sim import api, output, prefix_cache
+from ascend_runtime.sim.utility_routes import UtilityRoutes
 from ascend_runtime.sim.config import SimConfig
 from ascend_runtime.sim.engine import Engine, EngineFull, RequestGroup, Sequence
 from ascend_runtime.sim.experts import ExpertMap, ExpertMapError, balancedness
@@ -46,6 +47,8 @@ log = logging.getLogger("ascend_runtime.sim")
 KV_PULL_TIMEOUT_S = 60.0
 #: Seconds an idle kept-alive connection stays open (vLLM 0.23.0's ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` default).
 KEEP_ALIVE_S = 5.0
+#: What vLLM 0.23.0's /metrics declares (prometheus_client's text format 1.0.0, the 0.0.4 text with UTF-8 names).
+METRICS_CONTENT_TYPE = "text/plain; version=1.0.0; charset=utf-8"
 #: Completion requests whose ids are kept in ``SimState.request_ids``.
 REQUEST_IDS_KEPT = 1024
 
@@ -157,7 +160,8 @@ class Handlers:
             return _error("injected fault", 500, "InternalServerError")
         shape = st.cfg.model_shape()
         try:
-            body = api.decode_body(await request.read(), request.headers.get("Content-Type", ""))
+            body = api.decode_body(await request.read(), request.headers.get("Content-Type", ""),
+                                   "chat" if chat else "completions")
             req = api.parse(body, chat, st.cfg.model, shape.max_model_len, shape.vocab_size, ids.header,
                             spec_decode=st.cfg.mtp)
         except api.ApiError as exc:
@@ -258,8 +262,7 @@ class Handlers:
 
     @staticmethod
     def _sse_response(headers: dict[str, str] | None = None) -> web.StreamResponse:
-        return web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                           "Cache-Control": "no-cache", **(headers or {})})
+        return web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8", **(headers or {})})
 
     async def _stream_error(self, request: web.Request, exc: api.ApiError) -> web.StreamResponse:
         """A stream whose request the engine refused: 200, one error event, ``[DONE]`` (vLLM's stream
@@ -355,7 +358,7 @@ class Handlers:
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.st.metrics.exposition(),
-                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+                            headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     # ---- admin -----------------------------------------------------------------
     async def expert_load(self, request: web.Request) -> web.Response:
@@ -503,6 +506,7 @@ def build_app(st: SimState) -> web.Application:
         web.get("/admin/faults", h.faults),
         web.post("/admin/faults", h.faults),
         web.get("/admin/stats", h.stats),
+        *UtilityRoutes(st.cfg.model, st.cfg.model_shape().max_model_len, h.health).routes(),
     ])
     return app
 
@@ -560,11 +564,19 @@ async def start_simulator(config: SimConfig) -> SimHandle:
     metrics = SimMetrics(cfg.model, cfg.instance, gauges)
     engine = Engine(cfg, faults, metrics, emap, retained_tokens=lambda: kv.retained_tokens)
     holder["engine"] = engine
-    # vllm:cache_config_info labels: CacheConfig.metrics_info() (vllm/config/cache.py), the fields the simulator has
-    metrics.cache_info = {"block_size": str(cfg.block_size), "cache_dtype": "auto",
-                          "enable_prefix_caching": str(cfg.enable_prefix_caching), "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
-                          "num_cpu_blocks": "None", "num_gpu_blocks": str(engine.kv_capacity // cfg.block_size),
-                          "prefix_caching_hash_algo": "sha256"}
+    # vllm:cache_config_info labels: every field of CacheConfig.metrics_info() (vllm/config/cache.py), the ones
+    # the simulator models with its values, the others with vLLM's defaults for an attention model
+    metrics.cache_info = {
+        "_block_size_resolved": "True", "block_size": str(cfg.block_size), "cache_dtype": "auto",
+        "calculate_kv_scales": "False", "enable_prefix_caching": str(cfg.enable_prefix_caching),
+        "gpu_memory_utilization": str(cfg.gpu_memory_utilization), "hash_block_size": "None",
+        "is_attention_free": "False", "kv_cache_dtype_skip_layers": "[]", "kv_cache_memory_bytes": "None",
+        "kv_offloading_backend": "native", "kv_offloading_size": "None", "kv_sharing_fast_prefill": "False",
+        "mamba_block_size": "None", "mamba_cache_dtype": "auto", "mamba_cache_mode": "none",
+        "mamba_page_size_padded": "None", "mamba_ssm_cache_dtype": "auto", "num_cpu_blocks": "None",
+        "num_gpu_blocks": str(engine.kv_capacity // cfg.block_size), "num_gpu_blocks_override": "None",
+        "prefix_caching_hash_algo": "sha256", "sliding_window": "None", "user_specified_block_size": "False",
+        "user_specified_mamba_block_size": "False"}
     st = SimState(cfg, engine, kv, faults, metrics, ready_at=loop.time() + cfg.startup_delay,
                   fingerprint=system_fingerprint(cfg))
     kv_server = await asyncio.start_server(kv.handle, cfg.host, cfg.kv_port)

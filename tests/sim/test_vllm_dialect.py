@@ -69,7 +69,11 @@ async def test_protocol_errors_are_fastapi_validation_errors(sim, http):
     status, err, _ = await post(http, h, "/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}})
     assert status == 400
     msg = assert_error(err, 400, "Bad Request", "stream_options")
-    errors = ast.literal_eval(msg.replace("VLLMValidationError(", "("))  # str() of FastAPI's error list
+    # str() of FastAPI's RequestValidationError (count, one line per error, the endpoint), then the error list
+    head, _, listed = msg.partition("\n    POST /v1/completions ")
+    assert head.startswith("1 validation error:\n  {'type': 'value_error'") and head.endswith(
+        ", in create_completion"), msg
+    errors = ast.literal_eval(listed.replace("VLLMValidationError(", "("))
     assert errors[0]["type"] == "value_error" and errors[0]["loc"] == ("body",)
     assert errors[0]["msg"] == ("Value error, Stream options can only be defined when `stream=True`. "
                                 "(parameter=stream_options)")
