@@ -197,7 +197,8 @@ class PDPlanner:
             growth = (queue - self.previous_queue) / obs.interval_s if (
                 obs.queue_depth is not None and self.previous_queue is not None) else None
             load = Load(self.rate.forecast() or 0.0, self.prompt.forecast() or self.config.default_prompt_tokens,
-                        self.output.forecast() or self.config.default_output_tokens, queue, growth)
+                        self.output.forecast() or self.config.default_output_tokens, queue, growth,
+                        ttft_observed_s=obs.ttft_p50, tpot_observed_s=obs.tpot_p50)
             record.update(observation=obs, load=load)
             for series, value in (("arrival_rate", load.arrival_rate), ("prompt_tokens", load.prompt_tokens),
                                   ("output_tokens", load.output_tokens)):

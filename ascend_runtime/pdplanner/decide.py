@@ -34,6 +34,7 @@ from ascend_runtime.perf import model as pm
 
 #: Every reason a decision can carry (the ``reason`` label of the planner's metrics).
 REASONS = ("slo_ttft", "slo_tpot", "scale_down", "idle", "steady", "hysteresis", "rate_limited", "pool_exhausted",
+           "observed_slo_miss",
            "slo_unattainable", "no_data", "acting", "backlog_cleared")
 
 
@@ -84,6 +85,26 @@ class Load:
     output_tokens: float
     backlog: float = 0.0
     backlog_growth: float | None = None
+    #: the median TTFT and TPOT (s) the proxy measured over the last interval (None: not measured)
+    ttft_observed_s: float | None = None
+    tpot_observed_s: float | None = None
+
+    def missed(self, slo: "Slo") -> tuple[bool, bool]:
+        """(prefill, decode): whether the measured median TTFT resp. TPOT is over its SLO. What is measured
+        overrules the model: a stage whose clients wait too long is never given fewer instances."""
+        ttft = self.ttft_observed_s is not None and self.ttft_observed_s > slo.ttft_s
+        tpot = self.tpot_observed_s is not None and self.tpot_observed_s > slo.tpot_s
+        return ttft, tpot
+
+    def miss_detail(self, slo: "Slo") -> str:
+        """The measured misses in words ("" when none)."""
+        ttft, tpot = self.missed(slo)
+        words = []
+        if ttft:
+            words.append(f"measured median TTFT {self.ttft_observed_s * 1000:.0f} ms > SLO {slo.ttft_s * 1000:.0f} ms")
+        if tpot:
+            words.append(f"measured median TPOT {self.tpot_observed_s * 1000:.0f} ms > SLO {slo.tpot_s * 1000:.0f} ms")
+        return "; ".join(words)
 
 
 @dataclass(frozen=True)
@@ -250,6 +271,24 @@ def _pool_split(pool: Pool, need_p: float, need_d: float, lo: int) -> tuple[int,
     return best[2], best[3]
 
 
+def _keep_missing(pool: Pool, split: tuple[int, int], current: tuple[int, int], miss_p: bool, miss_d: bool,
+                  lo: int) -> tuple[int, int]:
+    """``split`` with no fewer instances than now of a stage whose measured latency misses its SLO, the other
+    stage giving up what no longer fits (both missing: the current split)."""
+    if miss_p and miss_d:
+        return current
+    p, d = split
+    if miss_p:
+        p = max(p, current[0])
+        while d > lo and pool.nodes_used(p, d) > pool.nodes:
+            d -= 1
+    if miss_d:
+        d = max(d, current[1])
+        while p > lo and pool.nodes_used(p, d) > pool.nodes:
+            p -= 1
+    return (p, d) if pool.nodes_used(p, d) <= pool.nodes else current
+
+
 def _ceil(x: float, lo: int) -> int:
     return max(lo, pm.ceil_div(x, 1.0)) if math.isfinite(x) else lo
 
@@ -278,11 +317,19 @@ def decide(load: Load | None, current: tuple[int, int], pool: Pool, slo: Slo, cf
         up_d = _ceil(req.need_d / (1 + cfg.margin), lo) > cur_d
         down_p = _ceil(req.need_p * (1 + cfg.margin), lo) < cur_p
         down_d = _ceil(req.need_d * (1 + cfg.margin), lo) < cur_d
+        # what the proxy measured overrules the model: a stage missing its SLO grows by one, never shrinks
+        miss_p, miss_d = load.missed(slo)
+        if miss_p:
+            opt, up_p, down_p = (max(opt[0], cur_p + 1), opt[1]), True, False
+        if miss_d:
+            opt, up_d, down_d = (opt[0], max(opt[1], cur_d + 1)), True, False
+        if miss_p or miss_d:
+            detail = load.miss_detail(slo) + f" (the model asks {_ceil(req.need_p, lo)}P + {_ceil(req.need_d, lo)}D)"
         if pool.nodes_used(*opt) > pool.nodes:
-            split = _pool_split(pool, req.need_p, req.need_d, lo)
+            split = _keep_missing(pool, _pool_split(pool, req.need_p, req.need_d, lo), (cur_p, cur_d), miss_p, miss_d, lo)
             base = "pool_exhausted"
             detail = (f"optimum {opt[0]}P + {opt[1]}D needs {pool.nodes_used(*opt)} nodes, pool has {pool.nodes}; "
-                      f"best split {split[0]}P + {split[1]}D")
+                      f"best split {split[0]}P + {split[1]}D" + (f"; {detail}" if detail else ""))
             score = lambda p, d: min(p / req.need_p if req.need_p else math.inf,
                                      d / req.need_d if req.need_d else math.inf)
             wanted = split != current and score(*split) > score(cur_p, cur_d) * (1 + cfg.margin)
@@ -412,6 +459,11 @@ def decide_split(load: Load | None, current_k: int, pool: GroupPool, slo: Slo, c
             base = "pool_exhausted"
         if best > current_k and req.backlog_p > 0:  # a move sized with the backlog: returnable once it is cleared
             surge = best - current_k
+    miss_p, miss_d = load.missed(slo)
+    if (best > current_k and miss_d) or (best < current_k and miss_p):
+        # the move would take groups from a stage whose measured latency misses its SLO: held
+        return keep("observed_slo_miss", reset, f"{load.miss_detail(slo)}: no group leaves that stage; {detail}",
+                    req, cur)
     direction = (1 if best > current_k else -1, -1 if best > current_k else 1)
     streak = state.streak + 1 if direction == state.direction else 1
     urgent = overwhelming(req, load, cur[0], slo, cfg) if best > current_k else ""

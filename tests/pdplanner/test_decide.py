@@ -124,3 +124,28 @@ def test_requirement_scales_with_the_arrival_rate(rate: float) -> None:
     a = requirement(Load(rate, 2048, 512), POOL, SLO, PlannerConfig())
     b = requirement(Load(2 * rate, 2048, 512), POOL, SLO, PlannerConfig())
     assert b.need_p == pytest.approx(2 * a.need_p) and b.need_d == pytest.approx(2 * a.need_d)
+
+
+def test_a_measured_tpot_over_the_slo_never_scales_decode_down() -> None:
+    """SUMMARISE on (2, 3) (the 8-node pool full): the model moves capacity to prefill and takes decode down
+    to 1; with the proxy measuring a median TPOT of 423 ms against a 50 ms SLO, decode keeps its 3."""
+    modelled = run(SUMMARISE, (2, 3), PlannerConfig(k_intervals=1), 1)[-1]
+    assert modelled.change and modelled.decode < 3  # what the model alone asks
+    measured = Load(50.0, 8192, 128, tpot_observed_s=0.423)
+    d = run(measured, (2, 3), PlannerConfig(k_intervals=1), 1)[-1]
+    assert d.decode == 3 and not d.change, d
+    assert "measured median TPOT 423 ms > SLO 50 ms" in d.detail, d.detail
+    # a lighter load the model serves with 1P + 1D: the measured miss grows decode by one
+    light = Load(5.0, 8192, 128)
+    assert run(light, (1, 1), PlannerConfig(k_intervals=1), 1)[-1].reason == "steady"
+    grown = run(Load(5.0, 8192, 128, tpot_observed_s=0.423), (1, 1), PlannerConfig(k_intervals=1), 1)[-1]
+    assert grown.change and (grown.prefill, grown.decode) == (1, 2) and grown.reason == "slo_tpot", grown
+
+
+def test_a_measured_ttft_over_the_slo_grows_prefill_when_the_model_is_steady() -> None:
+    steady = run(CHAT, (1, 3), PlannerConfig(k_intervals=1), 1)[-1]
+    measured = Load(150.0, 512, 1024, ttft_observed_s=5.0)
+    d = run(measured, (steady.prefill, steady.decode), PlannerConfig(k_intervals=1), 1)[-1]
+    assert d.prefill == steady.prefill + 1 and d.reason == "slo_ttft", d
+    within = Load(150.0, 512, 1024, ttft_observed_s=0.5, tpot_observed_s=0.01)  # measured within: the model decides
+    assert run(within, (steady.prefill, steady.decode), PlannerConfig(k_intervals=1), 1)[-1].reason == steady.reason
