@@ -1,7 +1,8 @@
 """The proxy HTTP server and its Python API.
 
 ``handle = await start_proxy(config)`` serves until ``await handle.stop()``.
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+Routes: POST /v1/completions, POST /v1/chat/completions; the engine's utility routes GET /v1/models,
+GET /version, GET and POST /ping, POST /tokenize and /detokenize (answered by one instance);
 GET /health and /healthcheck, GET /metrics, and the admin API (admin.py).
 Errors are in vLLM 0.23.0's shape (errors.py); other paths answer 404
 ``{"detail": "Not Found"}``.
@@ -183,26 +184,41 @@ def build_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None,
             body = await group.merged_metrics(body)
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
-    async def models(request: web.Request) -> web.Response:
-        now = pool.clock()
-        candidates = sorted(pool.all(), key=lambda s: (not s.routable(now), s.role != "decode"))
-        failures = []
-        for state in candidates:
-            try:
-                async with session.get(state.spec.url + "/v1/models",
-                                       timeout=aiohttp.ClientTimeout(total=config.health_timeout_s * 3)) as resp:
-                    body = await resp.read()
-                    if resp.status == 200:
-                        return web.Response(body=body, content_type="application/json")
-                    failures.append(f"{state.name}: HTTP {resp.status}")
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                failures.append(f"{state.name}: {exc.__class__.__name__}")
-        msg = "no instance answered /v1/models" + (f" ({'; '.join(failures)})" if failures else ": none configured")
-        return error_response(503, msg)
+    def engine_utility(path: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """A route answered by one engine instance as vLLM answers it (the model list, the version, the
+        liveness ping, the tokenizer): the client's request goes to the first instance that answers (routable
+        ones first, decode before prefill), and its answer comes back as is, a 4xx included (the engine's
+        verdict on the client's input); an unreachable instance or a 5xx moves on to the next."""
+
+        async def route(request: web.Request) -> web.Response:
+            body = await request.read() if request.method == "POST" else None
+            headers = {"Content-Type": request.headers.get("Content-Type", "application/json")} if body else None
+            now = pool.clock()
+            candidates = sorted(pool.all(), key=lambda s: (not s.routable(now), s.role != "decode"))
+            failures = []
+            for state in candidates:
+                try:
+                    async with session.request(request.method, state.spec.url + path, data=body, headers=headers,
+                                               timeout=aiohttp.ClientTimeout(total=config.health_timeout_s * 3)) as resp:
+                        answer = await resp.read()
+                        if resp.status < 500:
+                            kind = resp.headers.get("Content-Type")
+                            return web.Response(status=resp.status, body=answer,
+                                                headers={"Content-Type": kind} if kind else None)
+                        failures.append(f"{state.name}: HTTP {resp.status}")
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    failures.append(f"{state.name}: {exc.__class__.__name__}")
+            msg = f"no instance answered {path}" + (f" ({'; '.join(failures)})" if failures else ": none configured")
+            return error_response(503, msg)
+
+        return route
 
     routes.add("POST", "/v1/completions", completions)
     routes.add("POST", "/v1/chat/completions", chat)
-    routes.add("GET", "/v1/models", models)
+    # vLLM 0.23.0's utility routes (vllm/entrypoints/openai/api_server.py and serve/ routers of that release)
+    for method, path in (("GET", "/v1/models"), ("GET", "/version"), ("GET", "/ping"), ("POST", "/ping"),
+                         ("POST", "/tokenize"), ("POST", "/detokenize")):
+        routes.add(method, path, engine_utility(path))
     routes.add("GET", "/health", health_route)
     routes.add("GET", "/healthcheck", health_route)
     routes.add("GET", "/metrics", metrics_route)

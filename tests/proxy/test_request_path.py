@@ -140,3 +140,38 @@ async def test_only_decode_drained_during_the_prefill(stubs, proxy, http):
     for name in ("p0", "d0"):
         state = px.pool.get(name)
         assert state.inflight == 0 and state.active_seqs == 0 and state.outstanding_prompt_tokens == 0
+
+
+async def test_the_engine_utility_routes_are_answered_by_an_instance():
+    """/version, /ping, /tokenize and /detokenize through the proxy are the simulator's own answers (vLLM's
+    utility routes), a 4xx of the engine's included."""
+    import aiohttp
+
+    from ascend_runtime.proxy.config import ProxyConfig
+    from ascend_runtime.proxy.instances import specs_from_data
+    from ascend_runtime.proxy.server import start_proxy
+    from ascend_runtime.sim.config import SimConfig
+    from ascend_runtime.sim.server import start_simulator
+
+    sims = [await start_simulator(SimConfig(role=role, instance=f"{role}-0", port=0, kv_port=0))
+            for role in ("prefill", "decode")]
+    specs = specs_from_data([{"name": f"{r}-0", "role": r, "url": f"http://127.0.0.1:{s.port}"}
+                             for r, s in zip(("prefill", "decode"), sims)])
+    px = await start_proxy(ProxyConfig(port=0, instances=specs, health_interval_s=0))
+    try:
+        async with aiohttp.ClientSession() as s:
+            base, direct = f"http://127.0.0.1:{px.port}", f"http://127.0.0.1:{sims[1].port}"
+            for method, path, body in (("GET", "/version", None), ("GET", "/ping", None), ("POST", "/ping", None),
+                                       ("POST", "/tokenize", {"prompt": "a b c"}),
+                                       ("POST", "/detokenize", {"tokens": [1, 2]}),
+                                       ("POST", "/tokenize", {"prompt": "x", "model": "no-such-model"})):
+                answers = []
+                for url in (base, direct):
+                    async with s.request(method, url + path, json=body) as r:
+                        answers.append((r.status, await r.read()))
+                assert answers[0] == answers[1], (path, answers)
+            assert answers[0][0] == 404  # the engine's refusal of an unknown model, relayed
+    finally:
+        await px.stop()
+        for sim in sims:
+            await sim.stop()
