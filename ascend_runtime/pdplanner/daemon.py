@@ -137,6 +137,15 @@ def write_target(path: str, decision: Decision, now: float) -> None:
     os.replace(tmp, target)
 
 
+def _measured(load: Load | None) -> str:
+    """`` [measured median TTFT X ms, TPOT Y ms]`` of the interval, for the decision's log line ("" if none)."""
+    if load is None or (load.ttft_observed_s is None and load.tpot_observed_s is None):
+        return ""
+    parts = [f"{name} {value * 1000:.0f} ms" for name, value in (("TTFT", load.ttft_observed_s),
+                                                                  ("TPOT", load.tpot_observed_s)) if value is not None]
+    return f" [measured median {', '.join(parts)}]"
+
+
 class PDPlanner:
     """Runs planning cycles against one proxy; ``current`` starts at the Plan's instance counts."""
 
@@ -220,9 +229,10 @@ class PDPlanner:
         self.state = d.state
         self._export_decision(d)
         record.update(decision=d)
+        measured = _measured(load)
         if d.change:
-            log.info("%s: %dP + %dD -> %dP + %dD %s%s", d.reason, *self.current, d.prefill, d.decode, d.detail,
-                     " (dry run: not published)" if self.config.dry_run else "")
+            log.info("%s: %dP + %dD -> %dP + %dD %s%s%s", d.reason, *self.current, d.prefill, d.decode, d.detail,
+                     measured, " (dry run: not published)" if self.config.dry_run else "")
             if not self.config.dry_run and self.mover is None:
                 assert self.config.target_file is not None
                 write_target(self.config.target_file, d, time.time())
@@ -231,7 +241,8 @@ class PDPlanner:
                 self.current_k = d.prefill_groups or 0  # dry run: count as if it had happened
         else:
             # a dry run exists to be watched: each decision is shown at the default level
-            (log.info if self.config.dry_run else log.debug)("%s: keep %dP + %dD %s", d.reason, *self.current, d.detail)
+            (log.info if self.config.dry_run else log.debug)("%s: keep %dP + %dD %s%s", d.reason, *self.current,
+                                                             d.detail, measured)
         self.history.append(record)
         self.cycles += 1
         self.changes += 1 if d.change else 0

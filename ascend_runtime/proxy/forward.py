@@ -69,6 +69,7 @@ from ascend_runtime.proxy.migrate import (
 )
 from ascend_runtime.proxy.pd import (
     CLIENT_REQUEST_ID_HEADER,
+    client_view_of_prefill_refusal,
     missing_kv_handover,
     RECOMPUTED,
     NotContinuable,
@@ -398,8 +399,9 @@ class Forwarder:
                     body = await conn.read_body()
                 if head.status >= 500:
                     raise UpstreamFailure(state, f"prefill returned {head.status}")
-                if head.status != 200:
-                    raise ClientAnswer(head.status, body, head.content_type.split(";", 1)[0].strip())
+                if head.status != 200:  # the engine's verdict on the client's request, as that request reads
+                    raise ClientAnswer(head.status, client_view_of_prefill_refusal(body, req),
+                                       head.content_type.split(";", 1)[0].strip())
                 answer = json.loads(body)
                 no_handover = missing_kv_handover(answer)
                 if no_handover is not None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 from dataclasses import dataclass, field
 from collections.abc import Iterator
 from typing import Any
@@ -78,6 +79,67 @@ def build_prefill_request(req: dict[str, Any]) -> dict[str, Any]:
         payload["max_completion_tokens"] = 1
     payload.pop("stream_options", None)
     return payload
+
+
+#: vLLM 0.23.0's length refusals (``_token_len_check`` / ``_text_len_check`` in vllm/renderers/params.py),
+#: as the prefill copy's ``max_tokens: 1`` makes them read
+_TOKENS_REFUSAL = re.compile(r"you requested 1 output tokens and your prompt contains (at least )?(\d+) input tokens, "
+                             r"for a total of (at least )?(\d+) tokens")
+_CHARS_REFUSAL = re.compile(r"maximum context length is (\d+) tokens\. However, you requested 1 output tokens and your "
+                            r"prompt contains (\d+) characters \(more than (\d+) characters, which is the upper bound "
+                            r"for (\d+) input tokens\)")
+#: the members the prefill copy adds, as a refusal's ``input`` echo shows them (Python repr of the body)
+_KV_ECHO = re.compile(r"'kv_transfer_params': \{[^{}]*\}(, )?")
+
+
+def client_view_of_prefill_refusal(body: bytes, client_req: dict[str, Any]) -> bytes:
+    """A prefill's 4xx answer as the client's own request would have got it: the length refusal names the
+    client's ``max_tokens`` (and the total and bounds that follow from it), not the prefill copy's 1, and a
+    refusal that echoes its input (pydantic's ``'input': {...}``, the body parsed into a dict) echoes the
+    client's request, not the proxy's prefill copy with its ``kv_transfer_params``, ``max_tokens: 1`` and
+    ``stream: False``. Anything else is returned unchanged."""
+    if b"you requested 1 output tokens" not in body and b"kv_transfer_params" not in body:
+        return body
+    try:
+        answer = json.loads(body)
+        message = answer["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return body
+    if not isinstance(message, str):
+        return body
+    wanted = client_max_tokens(client_req)
+    if wanted is not None and wanted != 1:
+        def tokens(m: re.Match[str]) -> str:
+            at = m.group(1) or ""
+            return (f"you requested {wanted} output tokens and your prompt contains {at}{m.group(2)} input tokens, "
+                    f"for a total of {at}{int(m.group(2)) + wanted} tokens")
+
+        def chars(m: re.Match[str]) -> str:
+            total, text_len, bound, inputs = (int(g) for g in m.groups())
+            per_token = bound // inputs if inputs else 0  # the tokenizer's max_chars_per_token (an int)
+            inputs = max(0, total - wanted)
+            return (f"maximum context length is {total} tokens. However, you requested {wanted} output tokens and "
+                    f"your prompt contains {text_len} characters (more than {int(inputs * per_token)} characters, "
+                    f"which is the upper bound for {inputs} input tokens)")
+
+        message = _CHARS_REFUSAL.sub(chars, _TOKENS_REFUSAL.sub(tokens, message))
+    # the echo is the repr of the JSON body the prefill got: the prefill copy, keys in the order sent
+    message = message.replace(repr(build_prefill_request(client_req)), repr(client_req))
+    message = _KV_ECHO.sub("", message)  # any other echo of the proxy's member
+    answer["error"]["message"] = message
+    return json.dumps(answer).encode()
+
+
+def client_max_tokens(req: dict[str, Any]) -> int | None:
+    """The output token limit the client asked for (chat: ``max_completion_tokens`` before ``max_tokens``,
+    as vLLM 0.23.0's ``to_sampling_params`` reads them; completions: ``max_tokens``, 16 when not given, the
+    default of ``CompletionRequest``); None for a chat that gave none."""
+    chat = "messages" in req and "prompt" not in req
+    for key in ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",):
+        value = req.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None if chat else 16
 
 
 def missing_kv_handover(prefill_response: Any) -> str | None:

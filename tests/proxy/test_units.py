@@ -235,3 +235,33 @@ def test_parse_vllm_load_and_sse_events():
     assert parse_vllm_load(text) == (0.5, 5.0)
     assert parse_vllm_load("") == (None, None)
     assert sse_events(b'data: {"a": 1}\n\ndata: [DONE]\n\n: comment\n\n') == [{"a": 1}]
+
+
+def test_a_prefill_length_refusal_names_the_clients_max_tokens() -> None:
+    """vLLM 0.23.0's refusals (vllm/renderers/params.py) as the prefill copy (max_tokens 1) gets them, shown
+    to the client as its own request (max_tokens 40) would have got them."""
+    import json as _json
+
+    from ascend_runtime.proxy.pd import client_max_tokens, client_view_of_prefill_refusal
+
+    tokens = ("This model's maximum context length is 2048 tokens. However, you requested 1 output tokens and your "
+              "prompt contains at least 2048 input tokens, for a total of at least 2049 tokens. Please reduce the "
+              "length of the input prompt or the number of requested output tokens.")
+    chars = ("This model's maximum context length is 2048 tokens. However, you requested 1 output tokens and your "
+             "prompt contains 90000 characters (more than 81880 characters, which is the upper bound for 2047 input "
+             "tokens). Please reduce the length of the input prompt or the number of requested output tokens.")
+    echo = "1 validation error: {'input': {'prompt': 'x', 'kv_transfer_params': {'do_remote_decode': True}, 'n': 0}}"
+    for message, want in ((tokens, "you requested 40 output tokens and your prompt contains at least 2048 input "
+                                   "tokens, for a total of at least 2088 tokens"),
+                          (chars, "more than 80320 characters, which is the upper bound for 2008 input tokens"),
+                          (echo, "{'input': {'prompt': 'x', 'n': 0}}")):
+        body = _json.dumps({"error": {"message": message, "type": "BadRequestError", "param": "input_tokens",
+                                      "code": 400}}).encode()
+        out = _json.loads(client_view_of_prefill_refusal(body, {"prompt": "x", "max_tokens": 40}))
+        assert want in out["error"]["message"], out
+        assert out["error"]["param"] == "input_tokens" and "requested 1 output" not in out["error"]["message"]
+    assert client_max_tokens({"prompt": "x"}) == 16 and client_max_tokens({"prompt": "x", "max_tokens": 4}) == 4
+    assert client_max_tokens({"messages": [], "max_tokens": 9, "max_completion_tokens": 5}) == 5
+    assert client_max_tokens({"messages": []}) is None
+    other = b'{"error": {"message": "temperature must be non-negative"}}'
+    assert client_view_of_prefill_refusal(other, {"prompt": "x"}) is other

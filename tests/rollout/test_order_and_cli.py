@@ -135,7 +135,7 @@ def test_local_rollout_refuses_another_stacks_dir_and_a_moved_instance(tmp_path,
     with pytest.raises(RolloutInputError, match=r"moved instances the proxy routes to \(decode-1 http://127.0.1.9:18099 -> "):
         local_targets(plan, state, tmp_path)
     state = _state(tmp_path, None, {**urls, "decode-7": "http://127.0.1.9:18099"})
-    with pytest.raises(RolloutInputError, match="the running simulator decode-7 is not in the stack's Plan"):
+    with pytest.raises(RolloutInputError, match="the running instance decode-7 is not in the stack's Plan"):
         local_targets(plan, state, tmp_path)
     state = _state(tmp_path, None, urls)
     assert [t.name for t in local_targets(plan, state, tmp_path)] == ["prefill-0", "decode-0", "decode-1"]

@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="when requests are still in flight then: stop the rollout and undrain the untouched "
                         "instance (default), or replace it anyway (those requests end with an error)")
     t.add_argument("--ready-timeout-s", type=float, default=None,
-                   help="wait at most this long for the new instance to be ready (default 60 local, 1800 kubernetes)")
+                   help="wait at most this long for the new instance to be ready (default 60 local, 900 local vLLM servers, 1800 kubernetes)")
     t.add_argument("--check-timeout-s", type=float, default=30.0, help="per post-check request (default 30)")
     t.add_argument("--routable-timeout-s", type=float, default=60.0,
                    help="after the undrain, wait at most this long until every proxy replica routes to it (default 60)")
@@ -179,7 +179,9 @@ def _local_setup(args: argparse.Namespace, plan: Any) -> Setup | int:
     token = read_tokens(state_dir).get(LOCAL_TOKEN, "")
     if not token:
         return input_error("--state-dir", f"{state_dir}: the proxy admin token file is missing; restart the stack")
-    driver = LocalDriver(plan, state, state_dir, args.stacks_dir, ready_timeout_s=args.ready_timeout_s or 60.0)
+    real_engine = any(rec.kind == "vllm" for rec in state.processes)  # a vLLM server takes minutes to start
+    driver = LocalDriver(plan, state, state_dir, args.stacks_dir,
+                         ready_timeout_s=args.ready_timeout_s or (900.0 if real_engine else 60.0))
     proxy = state.proxy_url
 
     def recovery(name: str) -> list[str]:
