@@ -178,3 +178,33 @@ def test_the_counters_read_are_metrics_of_the_supported_release() -> None:
 
     exposed = load_surface("0.23.0").exposed_metric_names()
     assert all(name in exposed for name in METRICS_READ), [n for n in METRICS_READ if n not in exposed]
+
+
+def test_cli_smoke_instances_add_the_kv_handover_item(threaded_fake, capsys) -> None:
+    url = threaded_fake.url
+    argv = ["check", "smoke", "--endpoint", url, "--timeout-s", "5",
+            "--instance", f"prefill-0:prefill={url}", "--instance", f"decode-0:decode={url}"]
+    assert main(argv) == 0
+    assert f"PASS  {KV_ITEM}" in capsys.readouterr().out
+    threaded_fake.b.kv_loaded_share = 0.0
+    assert main(argv) == 1
+    assert f"FAIL  {KV_ITEM}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value, why", [("decode-0=http://x:1", "NAME:ROLE=URL"), ("d:router=http://x:1", "role"),
+                                        ("d:decode=ftp://x", "http(s)")])
+def test_cli_smoke_bad_instance_is_exit_2_naming_the_flag(value, why, capsys) -> None:
+    assert main(["check", "smoke", "--endpoint", "http://127.0.0.1:1", "--instance", value]) == 2
+    err = capsys.readouterr().err
+    assert "--instance" in err and why in err
+
+
+def test_the_checks_job_names_every_instance_of_the_plan() -> None:
+    from ascend_runtime.planner import load_plan
+    from ascend_runtime.render.objects.common import Context
+    from ascend_runtime.render.objects.checks import check_script
+
+    plan = load_plan("a2-staging")
+    script = check_script(Context(plan))
+    for inst in plan.instances:
+        assert f"--instance {inst.name}:{inst.role}={inst.api_url}" in script, script

@@ -22,6 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     smoke.add_argument("--endpoint", required=True, help="proxy base URL, e.g. http://127.0.0.1:8000")
     smoke.add_argument("--stack", help="also check every instance of this stack's Plan, its rank tables and launch files")
     smoke.add_argument("--stacks-dir", type=path_arg, help="stacks directory for --stack (default: the project's stacks/)")
+    smoke.add_argument("--instance", action="append", default=[], metavar="NAME:ROLE=URL",
+                       help="an engine instance to check (repeatable; ROLE prefill or decode): its /health and "
+                            "/v1/models and, with decode instances given, that each PD pair moved KV")
     smoke.add_argument("--rendered", type=path_type, metavar="DIR",
                        help="with --stack: deployed rank tables and launch scripts (render output or mounted ConfigMaps) "
                        "must equal what the Plan renders")
@@ -63,6 +66,24 @@ def _bad(msg: str) -> int:
     return 2
 
 
+def _instance(value: str):  # noqa: ANN202 - Instance, or the reason it is not one
+    """``NAME:ROLE=URL`` as a checks ``Instance``, or why it is not one."""
+    from urllib.parse import urlsplit  # noqa: PLC0415
+
+    from ascend_runtime.checks.items import Instance  # noqa: PLC0415
+
+    head, sep, url = value.partition("=")
+    name, colon, role = head.partition(":")
+    if not sep or not colon or not name.strip():
+        return "not NAME:ROLE=URL"
+    if role not in ("prefill", "decode"):
+        return f"role {role!r} is not prefill or decode"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r} is not an http(s) URL"
+    return Instance(name.strip(), url, role)
+
+
 def _smoke(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -84,10 +105,18 @@ def _smoke(args: argparse.Namespace) -> int:
     )
     if bad is not None:  # before any request
         return bad
+    instances = []
+    for value in args.instance:
+        parsed = _instance(value)
+        if isinstance(parsed, str):
+            return input_error("--instance", f"{value!r}: {parsed}; write NAME:ROLE=URL, e.g. "
+                               "decode-0:decode=http://10.0.0.5:8001")
+        instances.append(parsed)
     try:
         report = asyncio.run(
             run_smoke(
-                args.endpoint, stack=args.stack, stacks_dir=args.stacks_dir, rendered_dir=args.rendered, timeout_s=args.timeout_s, model=args.model, require_pd=not args.no_pd
+                args.endpoint, instances, stack=args.stack, stacks_dir=args.stacks_dir, rendered_dir=args.rendered,
+                timeout_s=args.timeout_s, model=args.model, require_pd=not args.no_pd
             )
         )
     except EndpointError as exc:

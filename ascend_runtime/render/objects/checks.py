@@ -28,6 +28,9 @@ def check_script(ctx: Context) -> str:
     endpoint = plan.proxy_url
     decode_npus = sum(i.npus for i in plan.by_role("decode"))
     smoke = ["ascend-deploy", "check", "smoke", "--endpoint", endpoint]
+    # every instance the proxy routes to: their health, and that each PD pair moved KV (checks/kv_handover.py)
+    for inst in plan.endpoints():
+        smoke += ["--instance", f"{inst['name']}:{inst['role']}={inst['url']}"]
     tput = ["ascend-deploy", "check", "throughput", "--endpoint", endpoint,
             "--input-len", str(tc["input_len"]), "--output-len", str(tc["output_len"]),
             "--concurrency", str(tc["concurrency"]), "--num-prompts", str(tc["num_prompts"]),
