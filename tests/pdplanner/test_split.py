@@ -96,3 +96,18 @@ def test_a_spike_inside_the_band_is_hysteresis() -> None:
         assert not d.change
         reasons.append(d.reason)
     assert reasons == ["hysteresis", "steady", "hysteresis", "steady"]
+
+
+def test_no_group_leaves_a_stage_whose_measured_latency_misses_its_slo() -> None:
+    """Summaries want groups moved to prefill; with decode's measured median TPOT over the SLO the move is
+    held (observed_slo_miss), and a measured TTFT miss holds a move towards decode the same way."""
+    from dataclasses import replace
+
+    cfg = PlannerConfig(k_intervals=1)
+    assert run(SUMMARISE, 4, cfg, 1)[-1].change  # what the model alone does
+    held = run(replace(SUMMARISE, tpot_observed_s=0.4), 4, cfg, 1)[-1]
+    assert not held.change and held.reason == "observed_slo_miss", held
+    assert "measured median TPOT 400 ms > SLO 150 ms" in held.detail, held.detail
+    chat = Load(60.0, 2048, 2048)
+    assert run(chat, 8, cfg, 1)[-1].change
+    assert run(replace(chat, ttft_observed_s=9.0), 8, cfg, 1)[-1].reason == "observed_slo_miss"
