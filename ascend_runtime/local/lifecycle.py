@@ -16,8 +16,8 @@ from pathlib import Path
 
 import aiohttp
 
-from ascend_runtime.local.processes import is_alive, start_process, stop_process_group
-from ascend_runtime.local.runner import LocalStackError, log_tail, ownership, signals_held
+from ascend_runtime.local.processes import is_alive, stop_process_group
+from ascend_runtime.local.runner import LocalStackError, log_tail, ownership, signals_held, start_spec
 from ascend_runtime.local.state import ProcessRecord, StackState
 from ascend_runtime.local.topology import TOKEN_FILES, ProcessSpec, local_processes
 from ascend_runtime.planner.plan import Plan
@@ -79,7 +79,7 @@ def start_one(state: StackState, state_dir: Path, spec: ProcessSpec) -> ProcessR
         raise LocalStackError(f"token files for {', '.join(missing)} are missing under {state_dir}; restart the stack")
     log = state_dir / "logs" / f"{spec.name}.log"
     with signals_held():
-        pid = start_process(spec.argv, log, {t: tokens[t] for t in spec.tokens}, unset=TOKEN_FILES)
+        pid = start_spec(spec, log, tokens)  # as the launcher starts it: its tokens and its own variables
         record = ProcessRecord(spec.name, spec.kind, pid, list(spec.argv), spec.health_url, str(log))
         state.processes.append(record)
         state.save(state_dir)

@@ -119,12 +119,13 @@ async def proxy_routes_all(session: aiohttp.ClientSession, url: str) -> bool:
             if resp.status != 200:
                 return False
             health = await resp.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
         return False
-    try:
-        return all(health[role]["routable"] == health[role]["total"] for role in ("prefill", "decode"))
-    except (KeyError, TypeError):
-        return False
+    except ValueError:  # a 200 that is not JSON: nothing to wait for
+        return True
+    roles = [health.get(role) for role in ("prefill", "decode")] if isinstance(health, dict) else []
+    counts = [r for r in roles if isinstance(r, dict) and "routable" in r and "total" in r]
+    return all(r["routable"] == r["total"] for r in counts)  # a 200 without role counts: nothing to wait for
 
 
 # --- who listens where ------------------------------------------------------------------------

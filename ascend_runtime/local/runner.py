@@ -52,6 +52,7 @@ from ascend_runtime.local.state import ProcessRecord, StackState
 from ascend_runtime.local.topology import (
     ENGINE_KINDS,
     TOKEN_FILES,
+    ProcessSpec,
     listen_ports,
     local_processes,
     write_instances_file,
@@ -210,6 +211,13 @@ def write_tokens(state_dir: Path) -> dict[str, str]:
     return tokens
 
 
+def start_spec(spec: ProcessSpec, log: Path, tokens: dict[str, str]) -> int:
+    """Start one process of the stack: its tokens and its own variables (``spec.env``) on top of this
+    environment, without the token variables and ``spec.unset``; returns the pid."""
+    env = {name: tokens[name] for name in spec.tokens} | dict(spec.env)
+    return start_process(spec.argv, log, env, unset=(*TOKEN_FILES, *spec.unset))
+
+
 def start_all(plan: Plan, state_dir: Path, stacks_dir: str | None = None) -> StackState:
     """Start every process of the Plan, recording each pid immediately.
 
@@ -227,8 +235,7 @@ def start_all(plan: Plan, state_dir: Path, stacks_dir: str | None = None) -> Sta
             log = state_dir / "logs" / f"{spec.name}.log"
             with signals_held():  # a signal here must not leave a started process unrecorded
                 # only the tokens this process uses, none inherited from the caller's environment
-                env = {name: tokens[name] for name in spec.tokens} | dict(spec.env)
-                pid = start_process(spec.argv, log, env, unset=(*TOKEN_FILES, *spec.unset))
+                pid = start_spec(spec, log, tokens)
                 state.processes.append(ProcessRecord(spec.name, spec.kind, pid, list(spec.argv), spec.health_url, str(log)))
                 state.save(state_dir)
     except BaseException:
@@ -267,14 +274,11 @@ async def wait_ready(state: StackState, timeout_s: float, console: Console) -> N
                 for name, record in list(pending.items()):
                     if not is_alive(record.pid):
                         raise LocalStackError(f"{name} exited during start-up; last lines of {record.log}:\n{log_tail(record.log)}")
-                    if record.kind == "proxy":
-                        # its /health turns 200 before it has probed the engines (it starts optimistic, then
-                        # ejects those not up yet): ready once every engine is and the proxy routes to all
-                        if any(p.kind in ENGINE_KINDS for p in pending.values()):
-                            continue
-                        if not await proxy_routes_all(session, record.health_url):
-                            continue
-                    elif not await http_ok(session, record.health_url):
+                    # the proxy's /health turns 200 before it has probed the engines (it starts optimistic,
+                    # then ejects those not up yet): it is ready once every engine is and it routes to all
+                    if record.kind == "proxy" and any(p.kind in ENGINE_KINDS for p in pending.values()):
+                        continue
+                    if not await http_ok(session, record.health_url):
                         continue
                     owned, other = ownership(record)
                     if owned is False and other is not None and other != record.pid:
@@ -285,6 +289,8 @@ async def wait_ready(state: StackState, timeout_s: float, console: Console) -> N
                             f"Last lines of {record.log}:\n{log_tail(record.log)}")
                     if owned is False:
                         continue  # answered through a socket we cannot attribute yet; look again
+                    if record.kind == "proxy" and not await proxy_routes_all(session, record.health_url):
+                        continue
                     del pending[name]
                     progress.advance(task)
                     progress.update(task, description=f"ready: {name}")

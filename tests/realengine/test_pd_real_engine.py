@@ -111,3 +111,96 @@ def test_decode_counters_show_the_prompt_loaded(real_stack: RealStack) -> None:
     loaded = after.external_hits - before.external_hits
     assert loaded == answer["usage"]["prompt_tokens"], (loaded, answer["usage"], json.dumps(prefilled)[:300])
     assert after.block_size == 128
+
+
+def _admin(real_stack: RealStack) -> dict[str, str]:
+    from ascend_runtime.local.lifecycle import read_tokens
+    from ascend_runtime.local.topology import PROXY_TOKEN_ENV
+
+    return {"Authorization": f"Bearer {read_tokens(real_stack.state_dir)[PROXY_TOKEN_ENV]}"}
+
+
+def test_a_drain_with_migrate_moves_a_stream_to_the_other_decode(real_stack: RealStack) -> None:
+    """A stream on a decode drained with ``migrate`` continues on the other decode: the client gets every
+    token it asked for, one id, usage of its own prompt and all tokens, and no error."""
+    n = 300
+    body = {"model": MODEL_NAME, "prompt": prompt(21, 40), "max_tokens": n, "ignore_eos": True, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+
+    async def go() -> tuple[str, list[dict]]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+            async with s.post(real_stack.proxy + "/v1/completions", json=body) as resp:
+                assert resp.status == 200
+                drained = resp.headers["x-decode-instance"]
+                buf = b""
+                moved = False
+                async for chunk in resp.content.iter_any():
+                    buf += chunk
+                    if not moved and buf.count(b"\n\n") >= 20:
+                        async with s.post(real_stack.proxy + "/admin/instances/drain", headers=_admin(real_stack),
+                                          json={"name": drained, "migrate": True}) as r:
+                            assert r.status == 200, await r.text()
+                        moved = True
+            async with s.post(real_stack.proxy + "/admin/instances/drain", headers=_admin(real_stack),
+                              json={"name": drained, "drain": False}) as r:
+                assert r.status == 200, await r.text()
+        events = [e[len("data: "):] for e in buf.decode().split("\n\n") if e.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        return drained, [json.loads(e) for e in events[:-1]]
+
+    drained, objects = asyncio.run(go())
+    assert not [o for o in objects if "error" in o], [o for o in objects if "error" in o]
+    usage = [o["usage"] for o in objects if o.get("usage")]
+    tokens = sum(1 for o in objects if o.get("choices"))
+    assert len({o["id"] for o in objects}) == 1
+    # usage counts every token; an event may carry more than one (the detokenizer holds back a token that ends
+    # inside a UTF-8 character, frequent with a random model's byte-level output), so events are not tokens
+    assert usage[-1]["completion_tokens"] == n and 0.9 * n <= tokens <= n, (usage[-1], tokens)
+    assert usage[-1]["prompt_tokens"] == greedy(real_stack.url("decode-0"), body["prompt"], 1)["usage"]["prompt_tokens"]
+    moved = _metric_sum(real_stack.proxy, "ascend_proxy_migrations_total")
+    assert moved >= 1, f"no stream left {drained}"
+
+
+def test_a_rollout_under_load_fails_no_request_and_the_planner_observes_it(real_stack: RealStack) -> None:
+    """Both decode instances restarted one at a time (drained first, streams migrated) while clients send
+    requests: not one fails. (The stack's single prefill cannot be rolled without downtime: `rollout`
+    refuses a role with one instance unless --allow-downtime.) The P:D planner, reading the proxy during
+    the run, logs each decision with the latencies it measured."""
+    import subprocess
+    import sys
+    import threading
+
+    from ascend_runtime.checks import ThroughputConfig, run_throughput_sync
+
+    batches = []
+    done = threading.Event()
+
+    def load() -> None:  # batches of requests until the rollout is over: load for its whole length
+        seed = 0
+        while not done.is_set():
+            cfg = ThroughputConfig(endpoint=real_stack.proxy, input_len=64, output_len=64, num_prompts=16,
+                                   concurrency=4, progress=False, seed=seed)
+            batches.append(run_throughput_sync(cfg))
+            seed += 1
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    time.sleep(5)
+    base = ["--stack", "local-vllm", "--stacks-dir", str(real_stack.stacks), "--state-dir", str(real_stack.state_dir)]
+    planner = subprocess.Popen([sys.executable, "-m", "ascend_runtime", "pd-planner", *base, "--dry-run",
+                                "--interval", "5", "--max-cycles", "6"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    rollout = subprocess.run([sys.executable, "-m", "ascend_runtime", "rollout", *base, "--migrate",
+                              "--instance", "decode-0", "--instance", "decode-1"],
+                             capture_output=True, text=True, timeout=3600)
+    planned = planner.communicate(timeout=600)[0]
+    done.set()
+    loader.join(timeout=3600)
+    assert rollout.returncode == 0, rollout.stdout + rollout.stderr
+    assert rollout.stdout.count(" -> ") >= 2, rollout.stdout  # decode-0 and decode-1: "pid A -> B, serving in ..."
+    failed = [e for r in batches for e in r.to_dict()["errors"]]
+    completed = sum(r.completed for r in batches)
+    assert completed >= 32 and not failed, (completed, failed)
+    assert planner.returncode == 0, planned
+    measured = [line for line in planned.splitlines() if "[measured median TTFT" in line and "TPOT" in line]
+    assert measured, planned[-2000:]

@@ -10,8 +10,12 @@ Every flag is one of ``vllm serve``'s in vLLM 0.23.0 (the release surface,
 - ``VLLM_NIXL_SIDE_CHANNEL_HOST``/``_PORT``: where the instance's NIXL handshake listens (its own leader
   address and the Plan's KV port of its first rank, so two instances never share one; the default 5600
   would collide). The prefill's answer names them to the decode (``remote_host``/``remote_port``).
-- ``VLLM_CPU_KVCACHE_SPACE``: the KV cache in GiB (1: the tiny model needs little);
-  ``VLLM_CPU_OMP_THREADS_BIND=nobind`` with ``OMP_NUM_THREADS``: no core pinning, so several engines share
+- ``--kv-cache-memory-bytes``: the KV cache, 1 GiB (the tiny model needs little). Given explicitly, it also
+  turns off the CPU worker's start-up check that the host has ``--gpu-memory-utilization`` (default 0.92)
+  of its memory free (``CPUWorker.__init__`` in vllm/v1/worker/cpu_worker.py): with the fraction, every
+  server claims 92% of the host, so the second and later servers of a stack, and any restarted by a
+  rollout, refuse to start once the others hold memory.
+- ``VLLM_CPU_OMP_THREADS_BIND=nobind`` with ``OMP_NUM_THREADS``: no core pinning, so several engines share
   a small machine.
 - ``--enforce-eager``: no graph compilation at start (minutes on a small machine, nothing gained here).
 - ``PYTHONPATH``: the one correction this target makes to vLLM (``shim/sitecustomize.py``).
@@ -57,7 +61,7 @@ def server_argv(env: EngineEnv, model: Path, served_name: str, host: str, port: 
     argv = [str(env.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--served-model-name", served_name, "--host", host, "--port", str(port),
             "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(max_num_seqs), "--dtype", "float32",
-            "--enforce-eager", "--disable-uvicorn-access-log"]
+            "--enforce-eager", "--disable-uvicorn-access-log", "--kv-cache-memory-bytes", str(KV_CACHE_GIB << 30)]
     if kv_config is not None:
         argv += ["--kv-transfer-config", kv_config]
     return argv
@@ -67,7 +71,6 @@ def server_env(side_channel_host: str, side_channel_port: int) -> dict[str, str]
     """The variables one instance's server gets on top of the caller's environment."""
     return {
         "PYTHONPATH": str(SHIM_DIR),
-        "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": str(OMP_THREADS),
         "VLLM_NIXL_SIDE_CHANNEL_HOST": side_channel_host,
