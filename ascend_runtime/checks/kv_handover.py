@@ -22,11 +22,13 @@ of a concurrent request of the very same prompt, which unique prompts rule out).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import secrets
 from dataclasses import dataclass
 
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from ascend_runtime.checks.http import JSON_HEADERS, base_url
@@ -95,6 +97,13 @@ async def _metrics(ctx: SmokeContext, inst: Instance) -> DecodeCounters:
         return read_counters(await resp.text())
 
 
+async def _metrics_or_none(ctx: SmokeContext, inst: Instance) -> DecodeCounters | None:
+    try:
+        return await _metrics(ctx, inst)
+    except (CheckFailed, aiohttp.ClientError, asyncio.TimeoutError):
+        return None
+
+
 def kv_handover_item(prompt_blocks: float = PROMPT_BLOCKS, tries: int | None = None) -> CheckItem:
     """The item: one unique prompt of ``prompt_blocks`` engine blocks per try through the proxy (``tries``:
     default, one per decode instance, at least two), each pair the proxy chose judged by :func:`verdict`.
@@ -110,9 +119,10 @@ def kv_handover_item(prompt_blocks: float = PROMPT_BLOCKS, tries: int | None = N
         rng = random.Random(secrets.randbits(64))
         results: dict[tuple[str, str], str] = {}
         for _ in range(tries or max(2, len(decodes))):
-            # every decode's counters before: the proxy names the one it chose only in its answer
-            before = {name: await _metrics(ctx, inst) for name, inst in decodes.items()}
-            block = next((c.block_size for c in before.values() if c.block_size), None) or 16
+            # every decode's counters before: the proxy names the one it chose only in its answer (a decode
+            # that cannot be read is left out here: the proxy routes around a dead one, its own items say so)
+            before = {name: await _metrics_or_none(ctx, inst) for name, inst in decodes.items()}
+            block = next((c.block_size for c in before.values() if c and c.block_size), None) or 16
             # a nonce first, so no cached prefix of an earlier probe (or request) can answer it
             prompt = f"{secrets.token_hex(8)} {random_prompt(rng, max(1, int(block * prompt_blocks)))}"
             body = request_body("completions", ctx.model, prompt, 2, stream=False)
@@ -124,6 +134,9 @@ def kv_handover_item(prompt_blocks: float = PROMPT_BLOCKS, tries: int | None = N
             if decode not in decodes:
                 raise CheckFailed(f"the proxy named decode {decode!r}, not a decode instance of the plan")
             prompt_tokens = int(json.loads(text)["usage"]["prompt_tokens"])
+            if before[decode] is None:  # read again: the error names why
+                before[decode] = await _metrics(ctx, decodes[decode])
+                raise CheckFailed(f"decode {decode}'s counters could not be read before the probe; try again")
             after = await _metrics(ctx, decodes[decode])
             results[(prefill, decode)] = verdict(prefill, decode, prompt_tokens, before[decode], after)
         return "; ".join(results.values())

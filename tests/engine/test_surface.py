@@ -695,6 +695,8 @@ def _fake_release(monkeypatch: pytest.MonkeyPatch) -> None:
     ascend.label = "git tag v9.0.0 commit " + "0" * 40
     monkeypatch.setattr(tool, "RELEASES", {"9.0.0": tool.Release("9.0.0", "9.0.0", "git", "v9.0.0")})
     monkeypatch.setattr(tool, "load_sources", lambda release, args, surfaces_dir: (vllm, ascend))
+    # the sources are in memory: no upstream repository to reach first
+    monkeypatch.setattr(tool, "require_upstream", lambda *args, **kwargs: None)
 
 
 def test_check_reports_diff_and_exit_codes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import tests.deploy.test_network_policy as netpol
+from tests.deploy.harness import unpinned
 from tests.deploy.test_program_objects import validate_object
 from ascend_runtime.cli import build_parser
 from ascend_runtime.faults import signals
@@ -181,8 +182,10 @@ def test_pulumi_registers_them_and_render_writes_the_same(stack: str) -> None:
     run = run_stack(stack, {key: TOKEN}, secret_keys=[key])
     assert run.error is None, run.error
     assert any(r.typ == "ascend-deepseek:deploy:FaultWatcher" for r in run.resources)
-    registered = {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in run.k8s_objects}
     plan = load_plan(stack)
+    # render writes the runtime image's tag reference; the program pins it by the build's digest
+    registered = {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
+                  for o in unpinned(run.k8s_objects, plan)}
     files = manifest_files(plan, secrets=(*plan.secret_keys, PROXY_ADMIN_SECRET))
     faults_files = {p: t for p, t in files.items() if p.startswith("faults/")}
     rendered = [yaml.safe_load(t) for t in faults_files.values()]

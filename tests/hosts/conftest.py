@@ -33,6 +33,9 @@ from typing import Any
 import pytest
 import yaml
 
+#: A prebuilt runtime image by registry and digest (the hosts tests never pull it)
+RUNTIME_IMAGE = "registry.example.com/ascend/ascend-deploy-runtime@sha256:" + "0" * 64
+
 from ascend_runtime.cli import main as cli_main
 
 SSHD = "/usr/sbin/sshd"
@@ -225,7 +228,9 @@ class Lab:
         self.vars_file.write_text(yaml.safe_dump({"hosts": host_vars}))
         (self.stacks / "Pulumi.test.yaml").write_text(yaml.safe_dump({"config": {
             "ascend-deepseek:hardware": HARDWARE[kind], "ascend-deepseek:inventory": "inventories/test.yaml",
-            "ascend-deepseek:prefill": {}, "ascend-deepseek:decode": {}}}))
+            "ascend-deepseek:prefill": {}, "ascend-deepseek:decode": {},
+            # a kubernetes stack names the registry its runtime image comes from (config/runtime_image.py)
+            "ascend-deepseek:kubernetes": {"runtime_image": RUNTIME_IMAGE}}}))
         self.write_inventory()
 
     def inventory(self, with_devices: bool = True) -> dict[str, Any]:
