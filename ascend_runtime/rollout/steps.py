@@ -4,7 +4,8 @@ Per instance (``[k/n] name``):
 
 1. **drain** it in every proxy replica (``POST /admin/instances/drain``): no new requests;
 2. **wait** until the replicas count no request in flight on it (``GET /admin/instances``,
-   field ``inflight``), at most ``drain_timeout_s``; on timeout the rollout stops and the
+   field ``inflight``), at most ``drain_timeout_s`` (a replica that misses a poll, busy or
+   restarting, is asked again until then); on timeout the rollout stops and the
    instance, not yet touched, is undrained (``on_drain_timeout="stop"``), or it is replaced
    anyway and its remaining requests end with an error (``"replace"``);
 3. **replace** it (the driver: a local process restart, or a Kubernetes workload patch and
@@ -164,9 +165,14 @@ class Rollout:
         while True:
             try:
                 listings = await self._listings()
-            except ProxyError as exc:
+            except ProxyError as exc:  # a busy replica may miss one poll; one that stays silent ends the wait
+                if self.clock() - start < opts.drain_timeout_s:
+                    self.say(f"{prefix} a proxy replica did not answer ({exc}); asking again")
+                    await asyncio.sleep(opts.poll_s)
+                    continue
                 await self._restore(target)
-                raise StepFailed("wait", str(exc), drained=False) from None
+                raise StepFailed("wait", f"{exc} (no answer for {opts.drain_timeout_s:g} s, --drain-timeout-s)",
+                                 drained=False) from None
             inflight = sum(int(listing.get(target.name, {}).get("inflight") or 0) for listing in listings.values())
             waited = self.clock() - start
             if inflight == 0:

@@ -83,9 +83,14 @@ def test_a_client_disconnect_aborts_the_request_on_decode(real_stack: RealStack)
                     "stream": True}
             async with session.post(real_stack.proxy + "/v1/completions", json=body) as resp:
                 assert resp.status == 200
-                await resp.content.readuntil(b"\n\n")  # the first event: decode is generating
-                running = sum(_metric_sum(u, "vllm:num_requests_running") for u in decodes)
-                assert running >= 1, running
+                first = await resp.content.readuntil(b"\n\n")  # the first event: decode is generating
+                assert first.startswith(b"data: {") and b'"error"' not in first, first
+                # the gauge is set from the scheduler's stats of the engine's next output batch: poll for it
+                running, deadline = 0.0, time.monotonic() + 20
+                while running < 1 and time.monotonic() < deadline:
+                    await resp.content.readuntil(b"\n\n")
+                    running = sum(_metric_sum(u, "vllm:num_requests_running") for u in decodes)
+                assert running >= 1, (running, first)
             # leaving the block closes the connection mid-stream
 
     asyncio.run(go())
