@@ -90,7 +90,7 @@ from ascend_runtime.proxy.relay import (
     StreamStats,
     serialize_request,
 )
-from ascend_runtime.proxy.validate import parse_request, wire_header
+from ascend_runtime.proxy.validate import output_limit_refusal, parse_request, wire_header
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,13 @@ class Forwarder:
                 status = resp.status
                 return resp
             req, fields = outcome  # type: ignore[misc]
+            refusal = output_limit_refusal(fields, path.endswith("/chat/completions"), self.pool.max_model_len("decode"))
+            if refusal is not None:  # before any prefill work
+                e = refusal["error"]
+                resp = error_response(e["code"], e["message"], e["type"], param=e["param"])
+                resp.headers[REQUEST_ID_HEADER] = client_id
+                outcome, status = "client_error", resp.status
+                return resp
             try:
                 resp, outcome = await self._run(request, path, req, body, fields, t0, client_id)
             except Exception:  # a proxy bug: still one answer in the engine's shape, and counted

@@ -8,6 +8,10 @@ re-admission are the pool's (:meth:`InstancePool.record_health`). After a
 passing check, ``GET /metrics`` from which ``vllm:kv_cache_usage_perc`` (0..1,
 averaged over label sets such as DP ranks) and ``vllm:num_requests_waiting``
 (summed) refine routing. A failed scrape leaves the last values untouched.
+The first passing check, and the first after a failed one (a restarted server
+may serve another model), also reads ``GET /v1/models``: the ``max_model_len``
+of its first model is the context limit the proxy refuses impossible
+``max_tokens`` with before any prefill work (validate.py).
 """
 
 from __future__ import annotations
@@ -92,6 +96,10 @@ class HealthChecker:
         except aiohttp.ClientError as exc:
             ok, reason = False, f"/health unreachable: {exc.__class__.__name__}"
         self.pool.record_health(state, ok, "" if ok else reason, slow=slow)
+        if not ok and not slow:
+            state.model_info_read = False
+        if ok and not state.model_info_read:
+            await self.read_model_info(state)
         if ok:
             try:
                 async with self.session.get(url + "/metrics", timeout=self.timeout) as resp:
@@ -104,3 +112,17 @@ class HealthChecker:
             except (asyncio.TimeoutError, aiohttp.ClientError):
                 log.debug("metrics scrape of %s failed", state.name)
         return ok
+
+    async def read_model_info(self, state: InstanceState) -> None:
+        """``max_model_len`` of the first model in ``GET /v1/models`` (vLLM 0.23.0's ``ModelCard``,
+        vllm/entrypoints/openai/engine/protocol.py); an answer without it leaves the limit unknown."""
+        try:
+            async with self.session.get(state.spec.url + "/v1/models", timeout=self.timeout) as resp:
+                data = await resp.json(content_type=None) if resp.status == 200 else None
+        except (asyncio.TimeoutError, aiohttp.ClientError, ValueError):
+            return  # asked again at the next check
+        state.model_info_read = True
+        cards = data.get("data") if isinstance(data, dict) else None
+        card = cards[0] if isinstance(cards, list) and cards and isinstance(cards[0], dict) else {}
+        limit = card.get("max_model_len")
+        state.max_model_len = limit if type(limit) is int and limit > 0 else None

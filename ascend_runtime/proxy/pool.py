@@ -63,6 +63,10 @@ class InstanceState:
     evacuating: bool = False
     removed: bool = False
     served: int = 0
+    #: the engine's context limit in tokens, from its ``GET /v1/models`` (``max_model_len``); None until read
+    max_model_len: int | None = None
+    #: whether the health loop asked ``/v1/models`` since the instance last passed a check after failing one
+    model_info_read: bool = False
     #: the streams being relayed from this instance now (objects with ``migrate() -> bool``, forward.py)
     streams: set = field(default_factory=set)
 
@@ -178,10 +182,17 @@ class InstancePool:
     def all(self, role: Role | None = None) -> list[InstanceState]:
         return [s for s in self._by_name.values() if role is None or s.role == role]
 
+    def max_model_len(self, role: Role) -> int | None:
+        """The smallest context limit (tokens) the serving instances of ``role`` reported, None if none did."""
+        known = [s.max_model_len for s in self.all(role) if not s.removed and s.max_model_len is not None]
+        return min(known) if known else None
+
     def add(self, spec: InstanceSpec, source: str = "static") -> InstanceState:
         """Add ``spec`` or update the instance of that name (keeps its counters)."""
         state = self._by_name.get(spec.name)
         if state is not None:
+            if state.spec.url != spec.url:  # another server: its limit is read again
+                state.max_model_len, state.model_info_read = None, False
             state.spec, state.source = spec, source
             state.removed = state.draining = state.evacuating = False
             return state

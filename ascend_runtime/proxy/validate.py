@@ -218,6 +218,23 @@ def check_request(req: dict[str, Any], chat: bool) -> tuple[_Read | None, dict[s
     return fields, None
 
 
+def output_limit_refusal(fields: _Read, chat: bool, max_model_len: int | None) -> dict[str, Any] | None:
+    """The engine's refusal of an output limit above its context limit (``max_model_len`` tokens, as the
+    decode instances report it; None: unknown, nothing refused), or None. vLLM 0.23.0 refuses it before
+    tokenizing (``TokenizeParams.__post_init__``, vllm/renderers/params.py, with the parameter names of
+    ``build_tok_params`` in completion/protocol.py and chat_completion/protocol.py); the proxy refuses it
+    the same way before prefill runs the prompt. A limit that only the prompt's length makes impossible is
+    the engine's to refuse: the proxy does not tokenize."""
+    if max_model_len is None:
+        return None
+    param = "max_completion_tokens" if chat and fields.max_completion_tokens is not None else "max_tokens"
+    wanted = fields.max_completion_tokens if param == "max_completion_tokens" else fields.max_tokens
+    if wanted is None or wanted <= max_model_len:
+        return None
+    return _sampling_error(f"{param}={wanted} cannot be greater than max_model_len=max_total_tokens={max_model_len}. "
+                           f"Please request fewer output tokens. (parameter={param}, value={wanted})", param=param)
+
+
 def _too_deep(obj: Any, limit: int) -> bool:
     """Whether ``obj`` (parsed JSON) nests more than ``limit`` containers deep; iterative."""
     stack = [(obj, 1)]

@@ -60,6 +60,8 @@ class StubEngine:
     health_calls: int = 0
     #: prefill answers as an engine without a KV connector does: no kv_transfer_params
     no_kv_handover: bool = False
+    #: the context limit /v1/models reports (vLLM's ModelCard.max_model_len); None: the key is left out
+    max_model_len: int | None = None
     faults: Faults = field(default_factory=Faults)
     requests: list[dict[str, Any]] = field(default_factory=list)
     request_ids: list[str | None] = field(default_factory=list)
@@ -96,8 +98,10 @@ class StubEngine:
         return web.Response(status=200 if ready else 503, headers=self._hdr())
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "deepseek-r1", "object": "model"}]},
-                                 headers=self._hdr())
+        card: dict[str, Any] = {"id": "deepseek-r1", "object": "model"}
+        if self.max_model_len is not None:
+            card["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": [card]}, headers=self._hdr())
 
     async def metrics(self, request: web.Request) -> web.Response:
         text = (f'vllm:num_requests_running{{engine="0",model_name="deepseek-r1"}} {self.running}\n'
