@@ -24,6 +24,8 @@ from typing import Any
 
 from aiohttp import web
 
+from ascend_runtime.proxy.boundedjson import JsonError, load_json
+
 
 def _dumps(obj: Any) -> bytes:
     """Compact JSON, UTF-8; escaped to ASCII when a string holds a lone surrogate (a ``"\\ud800"`` escape
@@ -56,8 +58,8 @@ def relayed_error_event(status: int, body: bytes) -> bytes:
     """An engine's error answer as the final SSE event of a stream already under way: its ``ErrorResponse``
     unchanged, or, if the body is not one, wrapped in one with the engine's status."""
     try:
-        parsed = json.loads(body)
-    except ValueError:
+        parsed = load_json(body)
+    except JsonError:
         parsed = None
     if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
         return b"data: " + _dumps(parsed) + b"\n\ndata: [DONE]\n\n"

@@ -6,8 +6,9 @@ prefill requests, go over the transport-level HTTP/1.1 client of relay.py
 (kept-alive connections, no per-event coroutine or JSON parse); non-streaming
 decode answers over aiohttp's client. Failure policy:
 
-- prefill fails (connect error, 5xx, timeout): retried on another prefill
-  instance, up to ``max_attempts`` instances;
+- prefill fails (connect error, 5xx, timeout, an answer without the KV
+  handover decode needs, answers.py): retried on another prefill instance, up
+  to ``max_attempts`` instances; when every one tried failed, 502;
 - decode fails before the client got any byte: a new prefill + decode pair is
   tried (never the failed decode), up to ``max_attempts`` decodes; a stream that
   ends with no output (chat role chunks, usage, ``[DONE]``) is such a failure: it
@@ -51,6 +52,8 @@ import aiohttp
 from aiohttp import web
 from aiohttp.http import HttpVersion11
 
+from ascend_runtime.proxy.answers import BadAnswer, prefill_answer, usable_event
+from ascend_runtime.proxy.boundedjson import JsonError, load_json
 from ascend_runtime.proxy.config import ProxyConfig
 from ascend_runtime.proxy.errors import (
     error_response,
@@ -70,7 +73,6 @@ from ascend_runtime.proxy.migrate import (
 from ascend_runtime.proxy.pd import (
     CLIENT_REQUEST_ID_HEADER,
     client_view_of_prefill_refusal,
-    missing_kv_handover,
     RECOMPUTED,
     NotContinuable,
     REQUEST_ID_HEADER,
@@ -107,8 +109,9 @@ class UpstreamFailure(Exception):
         self.state, self.reason, self.hard = state, reason, hard
 
 
-class NoKvHandover(UpstreamFailure):
-    """A prefill answered without KV for decode to pull (pd.missing_kv_handover): that instance failed."""
+class PrefillsFailed(Exception):
+    """Every prefill instance tried for a request failed and none is left to try: ``str()`` names them and
+    the last failure (answered 502; 503 is for a request no prefill instance could be tried for)."""
 
 
 @dataclass
@@ -291,6 +294,9 @@ class Forwarder:
                 if exc.role == "decode":
                     exc = NoInstanceError("decode", {**exc.reasons, **failed_decodes})
                 return await self._fail(client_resp, 503, str(exc)), "no_instance"
+            except PrefillsFailed as exc:
+                return (await self._fail(client_resp, 502, str(exc)),
+                        "upstream_error" if client_resp is None else "stream_error")
             except ClientAnswer as ans:
                 if client_resp is not None:
                     return await self._relay_error(client_resp, ans.status, ans.body), "stream_error"
@@ -380,17 +386,17 @@ class Forwarder:
         """
         payload = json.dumps(build_prefill_request(req)).encode()
         prompt_tokens = estimate_prompt_tokens(req)
-        tried: set[str] = set()
+        tried: list[str] = []
         last = ""
         while len(tried) < self.cfg.max_attempts:
             try:
                 # charged the prompt minus its expected cached tokens (proxy/affinity.py)
-                state, tokens = self.pool.pick_prefill(tried, req, prompt_tokens)
+                state, tokens = self.pool.pick_prefill(set(tried), req, prompt_tokens)
             except NoInstanceError as exc:
                 if tried:
-                    raise NoInstanceError("prefill", {**exc.reasons, "last error": last}) from None
+                    raise PrefillsFailed(self._prefills_failed(tried, last, exc.reasons)) from None
                 raise
-            tried.add(state.name)
+            tried.append(state.name)
             self.metrics.decided("prefill", state.name)
             attempt_id = new_request_id()
             log.debug("request %s: prefill %s on %s", client_id, attempt_id, state.name)
@@ -409,18 +415,17 @@ class Forwarder:
                 if head.status != 200:  # the engine's verdict on the client's request, as that request reads
                     raise ClientAnswer(head.status, client_view_of_prefill_refusal(body, req),
                                        head.content_type.split(";", 1)[0].strip())
-                answer = json.loads(body)
-                no_handover = missing_kv_handover(answer)
-                if no_handover is not None:
-                    raise NoKvHandover(state, no_handover)
+                answer = prefill_answer(body)  # the KV handover decode needs, or BadAnswer (answers.py)
                 ok = True
                 self.pool.record_success(state)
                 return state, tokens, answer
             except ClientAnswer:
                 raise
+            except BadAnswer as exc:  # an unusable answer: this instance failed, as with a 5xx
+                last, retry_reason = str(exc), exc.kind
+                self.pool.record_failure(state, last)
             except UpstreamFailure as exc:
-                last = exc.reason
-                retry_reason = "no_kv_handover" if isinstance(exc, NoKvHandover) else "prefill_failed"
+                last, retry_reason = exc.reason, "prefill_failed"
                 self.pool.record_failure(state, exc.reason)
             except RelayError as exc:
                 last, retry_reason = exc.reason, "prefill_failed"
@@ -437,7 +442,15 @@ class Forwarder:
                     self.pool.end(state, tokens)
             log.warning("request %s: prefill %s on %s failed: %s", client_id, attempt_id, state.name, last)
             self.metrics.retries.labels("prefill", retry_reason).inc()
-        raise NoInstanceError("prefill", {n: "failed for this request" for n in tried} | {"last error": last})
+        raise PrefillsFailed(self._prefills_failed(tried, last, {}))
+
+    @staticmethod
+    def _prefills_failed(tried: list[str], last: str, others: dict[str, str]) -> str:
+        """The 502 message when every prefill tried failed: the instances tried, the last failure, and why no
+        other instance could be tried (``others``: instance -> reason, as :class:`NoInstanceError` has them)."""
+        rest = "; ".join(f"{n}: {r}" for n, r in sorted(others.items()) if n not in tried)
+        return (f"prefill failed on {', '.join(tried)} (last: {last})"
+                + (f"; no other prefill instance to try ({rest})" if rest else ""))
 
     # ---------------------------------------------------------------- decode
     async def _decode(self, request: web.Request, path: str, decode_body: bytes, client_id: str,
@@ -484,7 +497,7 @@ class Forwarder:
             pool.end(p_state, p_tokens)
             prefill_held = False
             clean = True
-            return self._finish_json(upstream, first, p_state, d_state, tracker, t0)
+            return self._finish_json(upstream, first, p_state, d_state, tracker, t0, client_id, attempt_id)
         finally:
             if upstream is not None:
                 upstream.release() if clean else upstream.close()
@@ -668,21 +681,29 @@ class Forwarder:
         }
 
     def _finish_json(self, upstream: aiohttp.ClientResponse, body: bytes, p_state: InstanceState,
-                     d_state: InstanceState, tracker: MigrationTracker, t0: float) -> tuple[Any, ...]:
-        """Non-streaming answer: check for a recompute, else relay the body unchanged."""
-        self.pool.record_success(d_state)
+                     d_state: InstanceState, tracker: MigrationTracker, t0: float, client_id: str,
+                     attempt_id: str) -> tuple[Any, ...]:
+        """Non-streaming answer: relayed unchanged, unless it may ask for a recompute or ends a recomputed
+        continuation; the proxy reads it then, and one of a shape it cannot read (answers.usable_event) is a
+        failed decode (retried, nothing was sent to the client yet)."""
         if tracker.retries or RECOMPUTED.encode() in body:
             try:
-                answer = json.loads(body)
-                choice = (answer.get("choices") or [{}])[0]
-                usage = int((answer.get("usage") or {}).get("completion_tokens", 0))
-            except (ValueError, AttributeError, IndexError, TypeError):
-                answer, choice, usage = None, {}, 0
-            if answer is not None:
-                if tracker.add_choice(choice, usage):
-                    return ("recompute", None)
-                if tracker.retries:
-                    body = json.dumps(tracker.finalize_json(answer)).encode()
+                answer = load_json(body)
+            except JsonError:
+                answer = None
+            if answer is None or not usable_event(answer):
+                return self._decode_retry(d_state, client_id, attempt_id,
+                                          f"decode answered 200 with a body that is not a completion: {body[:80]!r}")
+            choices = answer.get("choices") or [{}]
+            usage = answer.get("usage")
+            tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+            self.pool.record_success(d_state)
+            if tracker.add_choice(choices[0], tokens if type(tokens) is int else 0):
+                return ("recompute", None)
+            if tracker.retries:
+                body = json.dumps(tracker.finalize_json(answer)).encode()
+        else:
+            self.pool.record_success(d_state)
         self.metrics.ttft.observe(time.perf_counter() - t0)
         return ("done", web.Response(body=body, headers=self._response_headers(p_state, d_state, upstream)))
 

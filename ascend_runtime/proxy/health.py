@@ -7,11 +7,16 @@ answers /health late but still serves). Ejection on failed checks and
 re-admission are the pool's (:meth:`InstancePool.record_health`). After a
 passing check, ``GET /metrics`` from which ``vllm:kv_cache_usage_perc`` (0..1,
 averaged over label sets such as DP ranks) and ``vllm:num_requests_waiting``
-(summed) refine routing. A failed scrape leaves the last values untouched.
+(summed) refine routing. A failed scrape leaves the last values untouched: no
+answer, a status other than 200, more than ``MAX_SCRAPE_BYTES`` (answers.py),
+not UTF-8; a value that is not a finite number, negative, or (cache usage)
+above 1 is left out.
 The first passing check, and the first after a failed one (a restarted server
 may serve another model), also reads ``GET /v1/models``: the ``max_model_len``
 of its first model is the context limit the proxy refuses impossible
-``max_tokens`` with before any prefill work (validate.py).
+``max_tokens`` with before any prefill work (validate.py); an answer that is
+not a JSON object of that shape, or longer than ``MAX_SCRAPE_BYTES``, leaves
+the limit unknown.
 """
 
 from __future__ import annotations
@@ -19,9 +24,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 
 import aiohttp
 
+from ascend_runtime.httpread import read_capped, read_text
+from ascend_runtime.proxy.answers import MAX_SCRAPE_BYTES
+from ascend_runtime.proxy.boundedjson import load_json
 from ascend_runtime.proxy.pool import InstancePool, InstanceState
 
 log = logging.getLogger(__name__)
@@ -33,7 +42,8 @@ WAITING = "vllm:num_requests_waiting"
 
 
 def parse_vllm_load(text: str) -> tuple[float | None, float | None]:
-    """Return (kv cache usage 0..1 averaged, requests waiting summed) from exposition text."""
+    """Return (kv cache usage 0..1 averaged, requests waiting summed) from exposition text; None for a series
+    with no usable sample (a value not finite, negative, or a cache usage above 1 is left out)."""
     kv: list[float] = []
     waiting: list[float] = []
     for line in text.splitlines():
@@ -44,7 +54,9 @@ def parse_vllm_load(text: str) -> tuple[float | None, float | None]:
             value = float(line.rsplit(" ", 1)[1]) if "}" not in line else float(line.rsplit("}", 1)[1].split()[0])
         except (IndexError, ValueError):
             continue
-        if name in KV_USAGE:
+        if not (math.isfinite(value) and value >= 0):
+            continue
+        if name in KV_USAGE and value <= 1:
             kv.append(value)
         elif name == WAITING:
             waiting.append(value)
@@ -104,13 +116,13 @@ class HealthChecker:
             try:
                 async with self.session.get(url + "/metrics", timeout=self.timeout) as resp:
                     if resp.status == 200:
-                        kv, waiting = parse_vllm_load(await resp.text())
+                        kv, waiting = parse_vllm_load(await read_text(resp, MAX_SCRAPE_BYTES))
                         if kv is not None:
                             state.kv_usage = kv
                         if waiting is not None:
                             state.waiting = waiting
-            except (asyncio.TimeoutError, aiohttp.ClientError):
-                log.debug("metrics scrape of %s failed", state.name)
+            except (asyncio.TimeoutError, aiohttp.ClientError, ValueError) as exc:
+                log.debug("metrics scrape of %s failed: %s", state.name, exc)
         return ok
 
     async def read_model_info(self, state: InstanceState) -> None:
@@ -118,8 +130,8 @@ class HealthChecker:
         vllm/entrypoints/openai/engine/protocol.py); an answer without it leaves the limit unknown."""
         try:
             async with self.session.get(state.spec.url + "/v1/models", timeout=self.timeout) as resp:
-                data = await resp.json(content_type=None) if resp.status == 200 else None
-        except (asyncio.TimeoutError, aiohttp.ClientError, ValueError):
+                data = load_json(await read_capped(resp, MAX_SCRAPE_BYTES)) if resp.status == 200 else None
+        except (asyncio.TimeoutError, aiohttp.ClientError, ValueError):  # JsonError, AnswerTooLarge
             return  # asked again at the next check
         state.model_info_read = True
         cards = data.get("data") if isinstance(data, dict) else None

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ascend_runtime.proxy.boundedjson import JsonError, load_json
 from ascend_runtime.proxy.pd import RecomputeTracker, sse_events, with_text
 from ascend_runtime.proxy.relay import DecodeConnection, deframe
 
@@ -196,8 +197,8 @@ def continuation_rewrite(tracker: MigrationTracker) -> Callable[[bytes], bytes]:
             if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
                 continue
             try:
-                obj = json.loads(line[5:])
-            except ValueError:
+                obj = load_json(line[5:])
+            except JsonError:
                 continue
             if isinstance(obj, dict):
                 fix(obj)

@@ -40,6 +40,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from ascend_runtime.proxy import errors
+from ascend_runtime.proxy.answers import usable_event
+from ascend_runtime.proxy.boundedjson import JsonError, load_json
 
 PREFILL_KV_TRANSFER_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,
@@ -101,9 +103,9 @@ def client_view_of_prefill_refusal(body: bytes, client_req: dict[str, Any]) -> b
     if b"you requested 1 output tokens" not in body and b"kv_transfer_params" not in body:
         return body
     try:
-        answer = json.loads(body)
+        answer = load_json(body)
         message = answer["error"]["message"]
-    except (ValueError, KeyError, TypeError):
+    except (JsonError, KeyError, TypeError, IndexError):
         return body
     if not isinstance(message, str):
         return body
@@ -140,24 +142,6 @@ def client_max_tokens(req: dict[str, Any]) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None if chat else 16
-
-
-def missing_kv_handover(prefill_response: Any) -> str | None:
-    """Why a prefill answer hands no KV over to decode, or None when it does.
-
-    A prefill that ran with a KV connector answers ``kv_transfer_params`` with ``do_remote_prefill: true``
-    for the decode to pull from (vLLM 0.23.0 NixlConnector: ``NixlConnectorScheduler.request_finished``,
-    vllm/distributed/kv_transfer/kv_connector/v1/nixl/scheduler.py; vLLM-Ascend v0.23.0 Mooncake:
-    ``MooncakeConnectorScheduler.request_finished``, kv_p2p/mooncake_connector.py). Without them decode
-    would compute the whole prompt again: the answer is right but the deployment is not PD, so the proxy
-    takes it as that prefill instance's failure, never as a silent recompute."""
-    kv = prefill_response.get("kv_transfer_params") if isinstance(prefill_response, dict) else None
-    if not isinstance(kv, dict) or not kv:
-        return ("prefill answered without kv_transfer_params: its KV connector handed no KV over (check the "
-                "instance's --kv-transfer-config: a connector with kv_role kv_producer or kv_both)")
-    if kv.get("do_remote_prefill") is not True:
-        return "prefill answered kv_transfer_params without do_remote_prefill: true: no KV to pull"
-    return None
 
 
 def build_decode_request(req: dict[str, Any], prefill_response: dict[str, Any]) -> dict[str, Any]:
@@ -311,7 +295,9 @@ class RecomputeTracker:
         choices = body.get("choices") or []
         if choices:
             if self.chat:
-                choices[0].setdefault("message", {})["content"] = self.generated
+                if not isinstance(choices[0].get("message"), dict):
+                    choices[0]["message"] = {"role": "assistant"}
+                choices[0]["message"]["content"] = self.generated
             else:
                 choices[0]["text"] = self.generated
         return body
@@ -327,16 +313,18 @@ def _data_payloads(events: list[bytes]) -> Iterator[bytes]:
 
 
 def sse_events(blob: bytes) -> list[dict[str, Any]]:
-    """Parse the JSON ``data:`` events in ``blob`` (complete SSE events); skip [DONE] and junk."""
+    """Parse the JSON ``data:`` events in ``blob`` (complete SSE events); skip [DONE] and junk: text that is
+    not JSON (or nested too deep, boundedjson.py) and events of a shape the proxy does not read
+    (answers.usable_event)."""
     out = []
     for data in _data_payloads(blob.split(b"\n\n")):
         if data == b"[DONE]":
             continue
         try:
-            obj = json.loads(data)
-        except ValueError:
+            obj = load_json(data)
+        except JsonError:
             continue
-        if isinstance(obj, dict):
+        if usable_event(obj):
             out.append(obj)
     return out
 
@@ -384,8 +372,8 @@ def stream_output_state(blob: bytes) -> bool | None:
         if data == b"[DONE]":
             return False
         try:
-            obj = json.loads(data)
-        except ValueError:
+            obj = load_json(data)
+        except JsonError:
             return True
         if not isinstance(obj, dict) or _has_output(obj):
             return True

@@ -48,21 +48,18 @@ request without one is forwarded as it is.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ascend_runtime.proxy.boundedjson import MAX_DEPTH, JsonError, load_json
 from ascend_runtime.proxy.errors import error_body
 
-#: Deepest nesting of JSON containers (objects and arrays; the body itself is 1) a request may have.
-#: vLLM 0.23.0 has no limit of its own: a body past Python's recursion limit (about 1000 levels) fails
-#: to parse there (400). The proxy copies and walks requests (pd.py, migrate.py, affinity.py), so it
-#: refuses what it could not walk, well before that.
-MAX_DEPTH = 128
 #: Characters of a refused value quoted in an error message.
 _QUOTE_CHARS = 120
 _MEDIA_TYPE_ERROR = "Unsupported Media Type: Only 'application/json' is allowed"
+
+__all__ = ["MAX_DEPTH", "check_request", "output_limit_refusal", "parse_request", "wire_header"]
 
 
 class ParamError(ValueError):
@@ -235,20 +232,6 @@ def output_limit_refusal(fields: _Read, chat: bool, max_model_len: int | None) -
                            f"Please request fewer output tokens. (parameter={param}, value={wanted})", param=param)
 
 
-def _too_deep(obj: Any, limit: int) -> bool:
-    """Whether ``obj`` (parsed JSON) nests more than ``limit`` containers deep; iterative."""
-    stack = [(obj, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        for v in (node.values() if type(node) is dict else node):
-            t = type(v)
-            if t is dict or t is list:
-                stack.append((v, depth + 1))
-    return False
-
-
 def parse_request(body: bytes, chat: bool, content_type: str | None = "application/json",
                   content_encoding: str | None = None) -> tuple[dict[str, Any] | None, _Read | None,
                                                                  dict[str, Any] | None]:
@@ -263,16 +246,11 @@ def parse_request(body: bytes, chat: bool, content_type: str | None = "applicati
         return None, None, _bad_request(
             f"request body with Content-Encoding {_quote(content_encoding)}: the body must be plain JSON text")
     try:
-        req = json.loads(body)
-    except RecursionError:
-        return None, None, _bad_request(f"invalid JSON request: nested deeper than {MAX_DEPTH} levels")
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+        req = load_json(body)  # nested at most MAX_DEPTH deep (boundedjson.py)
+    except JsonError as exc:
         return None, None, _bad_request(f"invalid JSON request: {exc}")
     if not isinstance(req, dict):
         return None, None, _bad_request(f"invalid JSON request: body is not a JSON object but {type(req).__name__}")
-    # a body with at most MAX_DEPTH opening brackets cannot nest deeper: no walk for nearly every request
-    if body.count(b"[") + body.count(b"{") > MAX_DEPTH and _too_deep(req, MAX_DEPTH):
-        return None, None, _bad_request(f"invalid JSON request: nested deeper than {MAX_DEPTH} levels")
     fields, err = check_request(req, chat)
     if err is not None:
         return None, None, err

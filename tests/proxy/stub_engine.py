@@ -9,6 +9,9 @@ tests it also records every request it got (``stub.requests``), the
 (``stub.sent``), and can answer ``stop_reason: "recomputed"`` after
 ``recompute_after`` tokens (once). ``health_hang`` / ``health_status`` make
 ``/health`` never answer or answer another status; ``health_calls`` counts them.
+Answers of the wrong shape: ``prefill_rewrite`` (any prefill answer),
+``decode_raw`` (the bytes of every decode answer), ``metrics_raw`` and
+``models_raw`` (the bytes of ``/metrics`` and ``/v1/models``).
 
 Request ids: a request whose ``X-Request-Id`` is already live on this stub is
 refused with 400 and a vLLM 0.23-shaped error body. This is a deliberate
@@ -28,6 +31,7 @@ import json
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +64,14 @@ class StubEngine:
     health_calls: int = 0
     #: prefill answers as an engine without a KV connector does: no kv_transfer_params
     no_kv_handover: bool = False
+    #: rewrites every prefill answer: gets the answer object, returns what to send with 200 (bytes as they are,
+    #: anything else as JSON); for answers of the wrong shape
+    prefill_rewrite: Callable[[dict[str, Any]], Any] | None = None
+    #: sent as the 200 body of every decode answer instead of the usual one (a stream: these bytes after the head)
+    decode_raw: bytes | None = None
+    #: sent as the 200 body of GET /metrics and GET /v1/models instead of the usual answer (bytes as they are)
+    metrics_raw: bytes | None = None
+    models_raw: bytes | None = None
     #: the context limit /v1/models reports (vLLM's ModelCard.max_model_len); None: the key is left out
     max_model_len: int | None = None
     faults: Faults = field(default_factory=Faults)
@@ -98,12 +110,16 @@ class StubEngine:
         return web.Response(status=200 if ready else 503, headers=self._hdr())
 
     async def models(self, request: web.Request) -> web.Response:
+        if self.models_raw is not None:
+            return web.Response(body=self.models_raw, content_type="application/json", headers=self._hdr())
         card: dict[str, Any] = {"id": "deepseek-r1", "object": "model"}
         if self.max_model_len is not None:
             card["max_model_len"] = self.max_model_len
         return web.json_response({"object": "list", "data": [card]}, headers=self._hdr())
 
     async def metrics(self, request: web.Request) -> web.Response:
+        if self.metrics_raw is not None:
+            return web.Response(body=self.metrics_raw, content_type="text/plain", headers=self._hdr())
         text = (f'vllm:num_requests_running{{engine="0",model_name="deepseek-r1"}} {self.running}\n'
                 f'vllm:num_requests_waiting{{engine="0",model_name="deepseek-r1"}} 0\n'
                 f'vllm:kv_cache_usage_perc{{engine="0",model_name="deepseek-r1"}} {self.kv_usage}\n')
@@ -165,13 +181,15 @@ class StubEngine:
             "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
             "kv_transfer_params": {
                 "do_remote_prefill": True, "do_remote_decode": False,
-                "remote_engine_id": f"engine-{self.name}", "remote_block_ids": [n, n + 1, n + 2],
+                "remote_engine_id": f"engine-{self.name}", "remote_request_id": f"cmpl-{self.name}-{n}",
+                "remote_block_ids": [n, n + 1, n + 2],
                 "remote_host": "127.0.0.1", "remote_port": self.kv_port, "tp_size": 1,
             },
         }
         if self.no_kv_handover:
             body["kv_transfer_params"] = None
-        raw = json.dumps(body).encode()
+        sent = body if self.prefill_rewrite is None else self.prefill_rewrite(body)
+        raw = sent if isinstance(sent, bytes) else json.dumps(sent).encode()
         self.sent.append(raw)
         return web.Response(body=raw, content_type="application/json", headers=self._hdr())
 
@@ -188,6 +206,8 @@ class StubEngine:
         kv = req.get("kv_transfer_params") or {}
         if not kv.get("do_remote_prefill"):
             return web.json_response(error_body("decode needs kv_transfer_params", 400), status=400)
+        if self.decode_raw is not None:
+            return await self._raw_decode_answer(request, bool(req.get("stream")))
         max_tokens = int(req.get("max_tokens", 16))
         recompute_at = self.recompute_after
         if recompute_at is not None:
@@ -224,6 +244,18 @@ class StubEngine:
         sent += b"data: [DONE]\n\n"
         await resp.write(b"data: [DONE]\n\n")
         self.sent.append(bytes(sent))
+        await resp.write_eof()
+        return resp
+
+
+    async def _raw_decode_answer(self, request: web.Request, stream: bool) -> web.StreamResponse:
+        assert self.decode_raw is not None
+        self.sent.append(self.decode_raw)
+        if not stream:
+            return web.Response(body=self.decode_raw, content_type="application/json", headers=self._hdr())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8", **self._hdr()})
+        await resp.prepare(request)
+        await resp.write(self.decode_raw)
         await resp.write_eof()
         return resp
 
