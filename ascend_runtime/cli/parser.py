@@ -10,10 +10,22 @@ Sub-parsers inherit the class, so every command and sub-command gets the check.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
+from typing import NoReturn
 
 #: How alike (difflib ratio) a known option must be to be suggested.
 SUGGEST_CUTOFF = 0.6
+#: Longest value an error quotes (``invalid int value: '9999...'``); a longer one is cut (a pasted megabyte).
+QUOTE_LIMIT = 60
+#: Longest option name compared with the defined ones (none is longer).
+OPTION_MATCH_LIMIT = 100
+_LONG_QUOTE = re.compile(r"'([^']{%d,})'" % (QUOTE_LIMIT + 1))
+
+
+def cut_quotes(message: str) -> str:
+    """``message`` with every quoted value longer than :data:`QUOTE_LIMIT` characters cut to it."""
+    return _LONG_QUOTE.sub(lambda m: repr(m.group(1)[: QUOTE_LIMIT - 3] + "..."), message)
 
 
 class SuggestingParser(argparse.ArgumentParser):
@@ -28,6 +40,10 @@ class SuggestingParser(argparse.ArgumentParser):
             if unknown is not None:
                 self.error(self.unknown_message(unknown))
         return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's usage line and error (exit 2), long quoted values cut (:func:`cut_quotes`)."""
+        super().error(cut_quotes(message))
 
     def unknown_option(self, args: list[str]) -> str | None:
         """The first option in ``args`` this parser neither defines nor resolves as an abbreviation.
@@ -60,5 +76,6 @@ class SuggestingParser(argparse.ArgumentParser):
         import difflib  # noqa: PLC0415 - only on the error path
 
         options = [o for o in self._option_string_actions if o.startswith("--") == name.startswith("--")]
-        close = difflib.get_close_matches(name, options, n=1, cutoff=SUGGEST_CUTOFF)
-        return f"unrecognized argument {name}" + (f"; did you mean {close[0]}?" if close else "")
+        close = difflib.get_close_matches(name[:OPTION_MATCH_LIMIT], options, n=1, cutoff=SUGGEST_CUTOFF)
+        shown = name if len(name) <= QUOTE_LIMIT else name[: QUOTE_LIMIT - 3] + "..."
+        return f"unrecognized argument {shown}" + (f"; did you mean {close[0]}?" if close else "")

@@ -39,6 +39,10 @@ from pydantic_core import PydanticCustomError
 
 #: Longest value an error shows; longer ones are cut (never a file's contents).
 VALUE_LIMIT = 60
+#: Longest key path a problem shows: a longer one (a key of a megabyte) keeps its start and end around "...".
+PATH_LIMIT = 200
+#: Longest message or fix a problem shows (the kit's own are far shorter; a quoted key could be a megabyte).
+TEXT_LIMIT = 1000
 #: Most problems an error message lists (one wrong value can fail many peers: a whole inventory of them is no help).
 MAX_PROBLEMS_SHOWN = 30
 #: pydantic error type of the checks below; ``ctx``: message, hint and optionally ``at`` (a sub-key).
@@ -80,6 +84,10 @@ class Problem:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "value", shorten(self.value))
+        if len(self.path) > PATH_LIMIT:
+            object.__setattr__(self, "path", f"{self.path[: PATH_LIMIT - 63]}...{self.path[-60:]}")
+        object.__setattr__(self, "message", shorten(self.message, TEXT_LIMIT))
+        object.__setattr__(self, "hint", shorten(self.hint, TEXT_LIMIT))
 
     def __str__(self) -> str:
         text = f"{self.path}: {self.message}"

@@ -38,6 +38,7 @@ from ascend_runtime.config.secrets import (
     set_secret_command,
 )
 from ascend_runtime.config.stack import ENV_NAME_ERROR, PROJECT, Stack, StackConfig
+from ascend_runtime.config.yaml_rules import node_problems
 
 __all__ = ["SECRET_KEYS", "load_stack", "parse_inventory", "parse_stack_config", "read_inventory"]
 
@@ -46,6 +47,8 @@ DEFAULT_STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
 MAX_FILE_BYTES = 32 * 1024 * 1024
 #: Top-level keys of a Pulumi stack file (``Pulumi.<stack>.yaml``).
 STACK_FILE_KEYS = ("config", "secretsprovider", "encryptedkey", "encryptionsalt", "environment")
+#: Longest part of an unknown key compared with the valid ones for a "did you mean" (no key is longer).
+KEY_MATCH_LIMIT = 100
 #: A namespace this close to the project's (edits, case ignored) is taken for a misspelling of it.
 NAMESPACE_DISTANCE = 2
 
@@ -107,31 +110,6 @@ def _node_path(path: tuple[Any, ...]) -> str:
     return text
 
 
-def _duplicate_keys(node: yaml.Node, path: tuple[Any, ...] = (), seen_nodes: set[int] | None = None,
-                    ) -> list[tuple[tuple[Any, ...], int, int]]:
-    """(path, first line, second line) of every mapping key given twice, 1-based lines.
-
-    A node reached again through an alias is walked once (aliases may nest or recurse)."""
-    seen_nodes = set() if seen_nodes is None else seen_nodes
-    if id(node) in seen_nodes:
-        return []
-    seen_nodes.add(id(node))
-    found = []
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[Any, int] = {}
-        for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-            if key is not None and key_node.tag != "tag:yaml.org,2002:merge":
-                if key in seen:
-                    found.append(((*path, key), seen[key], key_node.start_mark.line + 1))
-                seen.setdefault(key, key_node.start_mark.line + 1)
-            found += _duplicate_keys(value_node, (*path, key), seen_nodes)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            found += _duplicate_keys(item, (*path, i), seen_nodes)
-    return found
-
-
 #: libyaml's safe loader when PyYAML has it (same documents, marks and errors, ten times faster).
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -188,8 +166,9 @@ def deep_nesting_message(mark: yaml.Mark, limit: int = MAX_YAML_DEPTH) -> str:
 
 
 def parse_yaml(text: str, what: str, source: str = "", key_path=_node_path) -> Any:
-    """One YAML document; ConfigError for a syntax error (line, column), a duplicate key, an empty document or
-    nesting deeper than :data:`MAX_YAML_DEPTH`."""
+    """One YAML document; ConfigError for a syntax error (line, column), an empty document, nesting deeper than
+    :data:`MAX_YAML_DEPTH`, and what :mod:`ascend_runtime.config.yaml_rules` refuses (a key given twice, YAML 1.1
+    spellings such as ``0022`` or ``2:30:00``, a number too long to read), each with its key path and line."""
     deep = too_deep_at(text)
     if deep is not None:
         raise ConfigError.single(what, deep_nesting_message(deep), hint="fix the file's structure", source=source)
@@ -198,10 +177,9 @@ def parse_yaml(text: str, what: str, source: str = "", key_path=_node_path) -> A
         node = loader.get_single_node()
         if node is None:
             raise ConfigError.single(what, "the file is empty", hint=f"write the {what} mapping", source=source)
-        duplicates = _duplicate_keys(node)
-        if duplicates:
-            raise ConfigError([Problem(key_path(p), f"key given twice (lines {a} and {b}); YAML would keep only the last",
-                                       hint="keep one") for p, a, b in duplicates], source)
+        refused = node_problems(node)
+        if refused:
+            raise ConfigError([Problem(key_path(p.path) or what, p.message, hint=p.hint) for p in refused], source)
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -281,7 +259,7 @@ def problems_from_validation(
             problems.append(Problem(full, ctx["message"], shown, ctx.get("hint", "")))
         elif err["type"] == "extra_forbidden":
             valid = _field_names(model, loc[:-1])
-            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            close = difflib.get_close_matches(str(loc[-1])[:KEY_MATCH_LIMIT], valid, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}"
             problems.append(Problem(path, "unknown key", None, hint))
         elif err["type"] == "missing":
@@ -336,8 +314,13 @@ def _distance(a: str, b: str) -> int:
 
 
 def misspelt_namespace(namespace: str) -> bool:
-    """True when ``namespace`` is not the project's but within two edits of it (case ignored)."""
-    return namespace != PROJECT and _distance(namespace.lower(), PROJECT) <= NAMESPACE_DISTANCE
+    """True when ``namespace`` is not the project's but within two edits of it (case ignored).
+
+    A length that differs from the project's by more than two is more than two edits away, so the distance
+    (quadratic in the lengths) is only computed for names of about the project's length."""
+    if namespace == PROJECT or abs(len(namespace) - len(PROJECT)) > NAMESPACE_DISTANCE:
+        return False
+    return _distance(namespace.lower(), PROJECT) <= NAMESPACE_DISTANCE
 
 
 def _is_secure(value: Any) -> bool:
