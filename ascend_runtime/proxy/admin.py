@@ -24,12 +24,14 @@ from typing import Any
 
 from aiohttp import web
 
+from ascend_runtime.proxy.boundedjson import JsonError, load_json
 from ascend_runtime.proxy.instances import (
     InstanceSpecError,
     check_unique,
     spec_from_mapping,
 )
 from ascend_runtime.proxy.pool import InstancePool
+from ascend_runtime.proxy.urls import redact
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -62,13 +64,19 @@ class BadBody(Exception):
 
 
 async def _json(request: web.Request) -> dict[str, Any]:
+    """The body as a JSON object, nested at most ``MAX_DEPTH`` deep as client requests are (boundedjson.py)."""
     try:
-        data = json.loads(await request.read() or b"{}")
-    except ValueError as exc:
+        data = load_json(await request.read() or b"{}")
+    except JsonError as exc:
         raise BadBody(f"invalid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BadBody("expected a JSON object")
     return data
+
+
+def _quoted(value: Any) -> str:
+    """A refused admin value as messages quote it: JSON, at most 80 characters, URL credentials redacted."""
+    return redact(json.dumps(value))[:80]
 
 
 def _names(data: dict[str, Any]) -> list[str]:
@@ -76,7 +84,7 @@ def _names(data: dict[str, Any]) -> list[str]:
     if "names" in data and data["names"] is not None:
         names = data["names"]
         if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
-            raise BadBody(f"names must be a non-empty list of instance names, got {json.dumps(names)[:80]}")
+            raise BadBody(f"names must be a non-empty list of instance names, got {_quoted(names)}")
         return names
     return [_name(data)]
 
@@ -84,7 +92,7 @@ def _names(data: dict[str, Any]) -> list[str]:
 def _name(data: dict[str, Any]) -> str:
     name = data.get("name")
     if not isinstance(name, str) or not name:
-        raise BadBody(f"name must be an instance name (a non-empty string), got {json.dumps(name)[:80]}")
+        raise BadBody(f"name must be an instance name (a non-empty string), got {_quoted(name)}")
     return name
 
 
@@ -95,7 +103,7 @@ def _instances(data: dict[str, Any]) -> list[dict[str, Any]]:
     items = data["instances"]
     if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
         raise BadBody("instances must be a non-empty list of objects ({\"role\", \"url\", \"name\"?, \"weight\"?}), "
-                      f"got {json.dumps(items)[:80]}")
+                      f"got {_quoted(items)}")
     return items
 
 

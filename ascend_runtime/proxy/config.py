@@ -6,12 +6,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ascend_runtime.proxy.instances import InstanceSpec
+from ascend_runtime.proxy.instances import MAX_WEIGHT, InstanceSpec
 
-
-#: Largest routing weight: a weight multiplies loads of up to millions of tokens, and one near the float limit
-#: turns every score into infinity (all instances tie, so the first one listed takes every request).
-MAX_WEIGHT = 1e6
 #: Most blocks the affinity router uses per prompt block or remembers per instance (its memory grows with it).
 MAX_AFFINITY_BLOCKS = 1 << 20
 

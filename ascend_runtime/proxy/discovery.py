@@ -118,7 +118,8 @@ class KubernetesDiscovery:
 
     # -------------------------------------------------------------- pure event handling
     def endpoints_of(self, role: Role, slice_obj: Any) -> list[InstanceSpec]:
-        """Ready endpoints of one EndpointSlice as specs."""
+        """Ready endpoints of one EndpointSlice as specs; an endpoint no instance may have (an address urls.py
+        refuses, a port out of range) is left out with a warning, the others are kept."""
         ports = _field(slice_obj, "ports") or []
         port = None
         for p in ports:
@@ -139,10 +140,13 @@ class KubernetesDiscovery:
                 continue
             address = addresses[0]
             host = f"[{address}]" if ":" in address else address
-            url = normalize_url(f"{self.scheme}://{host}:{port}")
             target = _field(ep, "target_ref", "targetRef")
             name = _field(target, "name") or f"{role}-{address}:{port}"
-            specs.append(InstanceSpec(name=name, role=role, url=url))
+            try:
+                specs.append(InstanceSpec(name=name, role=role, url=normalize_url(f"{self.scheme}://{host}:{port}")))
+            except InstanceSpecError as exc:
+                log.warning("EndpointSlice %s: endpoint %s left out: %s",
+                            _field(_field(slice_obj, "metadata"), "name"), name, exc)
         return specs
 
     def handle_event(self, role: Role, event: Mapping[str, Any]) -> bool:

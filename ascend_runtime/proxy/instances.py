@@ -17,8 +17,14 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from ascend_runtime.proxy.urls import instance_url_problem, redact
+
 Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, Role] = ("prefill", "decode")
+#: Largest routing weight, and largest instance weight: a weight multiplies loads of up to millions of tokens,
+#: and one near the float limit turns every score into infinity (all instances tie, so the first one listed
+#: takes every request). An instance weight divides its scores, so it is at least 1 / MAX_WEIGHT.
+MAX_WEIGHT = 1e6
 
 
 class InstanceSpecError(ValueError):
@@ -32,14 +38,21 @@ class InstanceSpec:
     name: unique across both roles; reported in ``x-prefill-instance`` /
     ``x-decode-instance`` headers and metric labels.
     role: ``prefill`` or ``decode``.
-    url: base URL without trailing slash and without ``/v1`` (``http://h:p``).
-    weight: relative capacity (> 0); load scores are divided by it.
+    url: base URL without trailing slash and without ``/v1`` (``http://h:p``); no credentials and no
+    link-local, multicast or unspecified address (urls.py ``instance_url_problem``, checked here whatever
+    built the spec).
+    weight: relative capacity, 1 / MAX_WEIGHT to MAX_WEIGHT; load scores are divided by it.
     """
 
     name: str
     role: Role
     url: str
     weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        problem = instance_url_problem(self.url)
+        if problem is not None:
+            raise InstanceSpecError(f"instance {self.name!r}: invalid URL {redact(self.url)!r}: {problem}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form, the inverse of :func:`spec_from_mapping`."""
@@ -54,11 +67,14 @@ def _has_space_or_control(text: str) -> bool:
 def normalize_url(url: str) -> str:
     """Return ``scheme://host:port`` for ``url``; accept ``host:port`` without scheme.
 
-    A trailing ``/`` or ``/v1`` is dropped. Raises InstanceSpecError if no host.
+    A trailing ``/`` or ``/v1`` is dropped. Raises InstanceSpecError if no host, or for a URL no instance may
+    have (urls.py ``instance_url_problem``: credentials, a link-local, multicast or unspecified address);
+    the message never quotes credentials.
     """
     raw = url.strip()
     if _has_space_or_control(raw):
-        raise InstanceSpecError(f"invalid instance URL {url!r}: spaces or control characters; expected http://host:port")
+        raise InstanceSpecError(f"invalid instance URL {redact(url)!r}: spaces or control characters; expected "
+                                "http://host:port")
     if "://" not in raw:
         raw = "http://" + raw
     parts = urlsplit(raw)
@@ -67,7 +83,10 @@ def normalize_url(url: str) -> str:
     except ValueError:
         port = -1
     if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 or port == 0:
-        raise InstanceSpecError(f"invalid instance URL {url!r}: expected http://host:port (port 1..65535)")
+        raise InstanceSpecError(f"invalid instance URL {redact(url)!r}: expected http://host:port (port 1..65535)")
+    problem = instance_url_problem(raw)
+    if problem is not None:
+        raise InstanceSpecError(f"invalid instance URL {redact(url)!r}: {problem}")
     path = parts.path.rstrip("/")
     if path.endswith("/v1"):
         path = path[: -len("/v1")]
@@ -80,13 +99,37 @@ def default_name(role: str, url: str) -> str:
     return f"{role}-{parts.netloc}"
 
 
+def _shown(data: Mapping[str, Any]) -> str:
+    """An instance mapping as error messages quote it: at most 120 characters, credentials redacted."""
+    text = redact(repr(dict(data)))
+    return text if len(text) <= 120 else text[:120] + "..."
+
+
+def weight_of(value: Any, name: str) -> float:
+    """An instance weight from the flag, file or admin value ``value`` (a number, or a string of one):
+    finite, 1 / MAX_WEIGHT to MAX_WEIGHT; InstanceSpecError naming instance ``name`` otherwise."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        weight = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise InstanceSpecError(f"instance {name!r}: weight must be a number from {1 / MAX_WEIGHT:g} to "
+                                f"{MAX_WEIGHT:g}, got {str(value)[:40]!r}") from None
+    if not 1 / MAX_WEIGHT <= weight <= MAX_WEIGHT:  # NaN and infinities fail too
+        raise InstanceSpecError(f"instance {name!r}: weight must be a number from {1 / MAX_WEIGHT:g} to "
+                                f"{MAX_WEIGHT:g} (relative capacity), got {weight!r}")
+    return weight
+
+
 def spec_from_mapping(data: Mapping[str, Any]) -> InstanceSpec:
     """Build a spec from ``{name?, role, url, weight?}`` (the Plan/file/admin shape)."""
     role = str(data.get("role", "")).strip().lower()
     if role not in ROLES:
-        raise InstanceSpecError(f"instance {dict(data)!r}: role must be 'prefill' or 'decode'")
+        raise InstanceSpecError(f"instance {_shown(data)}: role must be 'prefill' or 'decode'")
     if not data.get("url"):
-        raise InstanceSpecError(f"instance {dict(data)!r}: missing 'url'")
+        raise InstanceSpecError(f"instance {_shown(data)}: missing 'url'")
+    if not isinstance(data["url"], str):
+        raise InstanceSpecError(f"instance {_shown(data)}: url must be a string (http://host:port)")
     url = normalize_url(str(data["url"]))
     if "name" in data and not str(data["name"] or "").strip():
         raise InstanceSpecError(f"instance {url!r}: name is empty; give a name or leave the key out")
@@ -95,12 +138,7 @@ def spec_from_mapping(data: Mapping[str, Any]) -> InstanceSpec:
         # names reach response headers (x-prefill-instance), metric labels and logs
         raise InstanceSpecError(f"instance name {name[:80]!r}: 1 to 253 characters without spaces or control "
                                 "characters")
-    try:
-        weight = float(data.get("weight", 1.0))
-    except (TypeError, ValueError):
-        raise InstanceSpecError(f"instance {name!r}: weight must be a number > 0, got {data.get('weight')!r}") from None
-    if not 0 < weight < float("inf"):
-        raise InstanceSpecError(f"instance {name!r}: weight must be a finite number > 0, got {weight}")
+    weight = weight_of(data.get("weight", 1.0), name)
     return InstanceSpec(name=name, role=role, url=url, weight=weight)  # type: ignore[arg-type]
 
 
@@ -114,7 +152,7 @@ def parse_cli_instance(role: Role, text: str) -> InstanceSpec:
     for opt in opts:
         key, sep, value = opt.partition("=")
         if not sep or key not in ("name", "weight"):
-            raise InstanceSpecError(f"bad option {opt!r} in {text!r}: use URL[,name=NAME][,weight=W]")
+            raise InstanceSpecError(f"bad option {redact(opt)!r} in {redact(text)!r}: use URL[,name=NAME][,weight=W]")
         data[key] = value
     return spec_from_mapping(data)
 
@@ -128,7 +166,8 @@ def specs_from_data(items: Iterable[Mapping[str, Any]]) -> list[InstanceSpec]:
     specs = []
     for i, item in enumerate(items):
         if not isinstance(item, Mapping):
-            raise InstanceSpecError(f"instance [{i}]: expected a mapping {{name, role, url, weight?}}, got {item!r:.80}")
+            raise InstanceSpecError(f"instance [{i}]: expected a mapping {{name, role, url, weight?}}, got "
+                                    f"{redact(repr(item))[:80]}")
         specs.append(spec_from_mapping(item))
     check_unique(specs)
     return specs
@@ -152,8 +191,8 @@ def load_instances_file(path: str | Path) -> list[InstanceSpec]:
     text = Path(path).read_text()
     try:
         data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise InstanceSpecError(f"{path}: cannot parse: {exc}") from None
+    except (ValueError, yaml.YAMLError) as exc:  # a YAML error quotes the line, which may hold a URL
+        raise InstanceSpecError(f"{path}: cannot parse: {redact(str(exc))}") from None
     if data is None:
         return []
     if isinstance(data, Mapping) and "instances" in data:
@@ -163,7 +202,7 @@ def load_instances_file(path: str | Path) -> list[InstanceSpec]:
         for role in ROLES:
             for entry in data.get(role) or []:
                 if not isinstance(entry, (str, Mapping)):
-                    raise InstanceSpecError(f"{path}: {role} entries are URLs or mappings, got {entry!r:.80}")
+                    raise InstanceSpecError(f"{path}: {role} entries are URLs or mappings, got {redact(repr(entry))[:80]}")
                 items.append({"role": role, "url": entry} if isinstance(entry, str) else {"role": role, **entry})
         data = items
     if not isinstance(data, list):
