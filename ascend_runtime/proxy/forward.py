@@ -15,8 +15,12 @@ decode answers over aiohttp's client. Failure policy:
   is vLLM 0.23.0's answer to a decode that failed before its first token, e.g. a
   failed KV load (pd.stream_output_state), so a stream's first events are held
   until one carries output;
-- decode fails after bytes were relayed: the client gets one SSE error event
-  and ``[DONE]``; nothing is replayed;
+- decode fails (a broken connection, a stall) after bytes were relayed: the
+  stream continues on another decode instance the way an evacuated stream does
+  (below), since the client has only whole events; a stream that cannot be
+  continued (migrate.py: ``n`` > 1, ``echo``, a prompt that is not one string,
+  fewer than 2 tokens left, its end already relayed), or with no other decode
+  routable, gets one SSE error event and ``[DONE]``;
 - the client disconnects: the handler is cancelled, which closes the upstream
   connections (the engine aborts the request);
 - a 4xx answer from an instance is relayed to the client unchanged (during a
@@ -636,6 +640,9 @@ class Forwarder:
                                        self.cfg.stream_idle_timeout_s,
                                        continuation_rewrite(tracker) if continuing else None)
         except RelayError as exc:
+            if handle.continuable() and self.pool.others_routable(d_state):  # the rest from another decode
+                return self._resume_broken(client_resp, d_state, exc, tracker, relayed_events(history, chunked),
+                                           client_id, attempt_id)
             return await self._stream_broke(client_resp, d_state, exc, client_id, attempt_id)
         finally:
             self.pool.untrack(d_state, handle)
@@ -660,6 +667,21 @@ class Forwarder:
         except (ConnectionError, RuntimeError):
             return ("client_gone", client_resp)
         return ("done", client_resp)
+
+    def _resume_broken(self, client_resp: web.StreamResponse, d_state: InstanceState, exc: RelayError,
+                       tracker: MigrationTracker, events: list[dict[str, Any]], client_id: str,
+                       attempt_id: str) -> tuple[Any, ...]:
+        """Decode broke or stalled after bytes were relayed, the stream can be continued (``StreamHandle.
+        continuable``) and another decode is routable: the instance is marked failed (a broken connection ejects
+        it) and the answer goes on through a fresh prefill of the prompt and the text so far on another decode, as
+        a migrated stream does."""
+        self.pool.record_failure(d_state, ("unreachable, " if exc.hard else "") + exc.reason, exc.hard)
+        tracker.note_identity(events)
+        tokens = account(tracker, events)
+        log.warning("request %s: decode %s on %s failed mid-stream (%s) after %d tokens here, %d in all; continuing "
+                    "with a new prefill elsewhere", client_id, attempt_id, d_state.name, exc.reason, tokens,
+                    tracker.tokens_relayed())
+        return ("migrate", client_resp)
 
     async def _stream_broke(self, client_resp: web.StreamResponse, d_state: InstanceState, exc: RelayError,
                             client_id: str, attempt_id: str) -> tuple[Any, ...]:

@@ -249,8 +249,8 @@ class StreamHandle:
                 return True
         return False
 
-    def migrate(self) -> bool:
-        """Stop relaying this stream so it is continued elsewhere; False if it finishes in place."""
+    def continuable(self) -> bool:
+        """True if the rest of this stream can come from another instance (module docstring)."""
         t = self.tracker
         if not migratable(t):
             return False
@@ -259,6 +259,8 @@ class StreamHandle:
             relayed = sum(d.count(b"\n\n") for d in self.history)  # events this attempt: an upper bound of tokens
             if limit - t.tokens_relayed() - relayed < MIN_TOKENS_LEFT:
                 return False
-        if self._finished():
-            return False
-        return self.conn.stop_relay()
+        return not self._finished()
+
+    def migrate(self) -> bool:
+        """Stop relaying this stream so it is continued elsewhere; False if it finishes in place."""
+        return self.continuable() and self.conn.stop_relay()

@@ -223,7 +223,8 @@ class InstancePool:
         state.evacuating = draining and migrate
         return True
 
-    def _others_routable(self, state: InstanceState) -> bool:
+    def others_routable(self, state: InstanceState) -> bool:
+        """True when another instance of ``state``'s role can take requests now."""
         now = self.clock()
         return any(s is not state and s.routable(now) for s in self.all(state.role))
 
@@ -237,7 +238,7 @@ class InstancePool:
         state = self._by_name.get(name)
         if state is None or not state.streams:
             return 0
-        if not self._others_routable(state):
+        if not self.others_routable(state):
             log.warning("%s instance %s: %d stream(s) not migrated, no other %s instance is routable; they finish "
                         "in place", state.role, name, len(state.streams), state.role)
             return 0
@@ -246,7 +247,7 @@ class InstancePool:
     def track(self, state: InstanceState, stream: Any) -> None:
         """A stream starts relaying from ``state``; on an evacuating instance it is moved at once."""
         state.streams.add(stream)
-        if state.evacuating and self._others_routable(state):
+        if state.evacuating and self.others_routable(state):
             stream.migrate()
 
     def untrack(self, state: InstanceState, stream: Any) -> None:
