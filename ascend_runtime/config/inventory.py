@@ -26,6 +26,7 @@ the stack's ``inventory`` key) because the facts playbook writes it. Shape::
             vnic_ip: null             # A3 only: VNIC IP (hccn_tool -i 0 -vnic -g)
             super_device_id: null     # A3 only (SDID)
             super_pod_id: null        # A3 only
+        devices_out_of_service: []    # device ids kept listed but never placed (a broken NPU)
 
 Two device addresses, never interchangeable:
 
@@ -64,6 +65,7 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -224,6 +226,25 @@ class Node(_Strict):
     ssh_port: int | None = Field(None, ge=1, le=65535)
     versions: NodeVersions | None = None
     devices: list[Device] = Field(default_factory=list)
+    devices_out_of_service: list[Annotated[int, Field(ge=0, le=63)]] = Field(
+        default_factory=list,
+        description="Logical device ids (devices[].device_id) taken out of service: still listed under devices, "
+        "never placed, in no rank table or ASCEND_RT_VISIBLE_DEVICES (docs/runbooks/replace-failed-node.md).",
+    )
+
+    @field_validator("devices_out_of_service")
+    @classmethod
+    def _each_device_once(cls, value: list[int]) -> list[int]:
+        twice = sorted({d for d in value if value.count(d) > 1})
+        if twice:
+            raise invalid(f"device {', '.join(map(str, twice))} is listed twice", "list each device id once")
+        return value
+
+    @property
+    def in_service(self) -> list[Device]:
+        """The devices the planner may place on: every listed device not in ``devices_out_of_service``."""
+        out = set(self.devices_out_of_service)
+        return [d for d in self.devices if d.device_id not in out]
 
     @field_validator("ssh_host")
     @classmethod

@@ -398,6 +398,24 @@ class LwsConfig(_Strict):
     )
 
 
+class FaultSourcesConfig(_Strict):
+    """The MindCluster fault sources the cluster runs on every serving node (target kubernetes only).
+
+    The fault watcher treats an expected source as failed when its DaemonSet pod is not running and ready on a
+    Plan node, or (device plugin) its ConfigMap is stale, and the cluster preparation makes their DaemonSets
+    tolerate the serving taint (docs/faults.md, "Fault sources"). kind and local run no MindCluster: nothing is
+    expected there whatever these say.
+    """
+
+    noded: bool = Field(True, description="NodeD runs (DaemonSet mindx-dl/noded of MindCluster v26.1.0): `pulumi up` "
+                        "patches its tolerations and the watcher flags a node without a ready NodeD pod; false: node "
+                        "hardware faults are not seen.")
+    device_plugin: bool = Field(True, description="The Ascend device plugin runs (kube-system/"
+                                "ascend-device-plugin-daemonset, the kit's with device_plugin.install, else "
+                                "MindCluster's, whose tolerations `pulumi up` patches): the watcher flags a node "
+                                "without a ready plugin pod or with a stale mindx-dl-deviceinfo ConfigMap.")
+
+
 class KubernetesConfig(_Strict):
     """Cluster-side settings for the Pulumi program."""
 
@@ -415,6 +433,9 @@ class KubernetesConfig(_Strict):
         "ascend-deploy-runtime:dev loaded with `kind load` (docs/kubernetes.md, \"Runtime image\").")
     device_plugin: DevicePluginConfig = Field(default_factory=DevicePluginConfig, description="Ascend device plugin.")
     lws: LwsConfig = Field(default_factory=LwsConfig, description="LeaderWorkerSet controller of multi-node engine instances.")
+    fault_sources: FaultSourcesConfig = Field(
+        default_factory=FaultSourcesConfig,
+        description="MindCluster fault sources expected on every serving node (target kubernetes; docs/faults.md).")
     runtime_class: DnsSubdomain | None = Field(
         None, description="RuntimeClass of engine pods (created with handler `ascend`; DNS-1123 subdomain); None: default runtime."
     )

@@ -1,10 +1,15 @@
-"""What the watcher needs from the Plan: nodes, which instances have a rank on each, spares.
+"""What the watcher needs from the Plan: nodes, which instances have a rank on each, spares, fault sources.
 
 A spare is a node of the inventory the Plan gives no role (``NodePlan.role is
-None``): a fault there drains nothing, and it is where a LeaderWorkerSet group
-can be recreated. The topology is plain data (:meth:`Topology.to_dict`) so the
-Kubernetes objects can hand it to the watcher pod in a ConfigMap without the
-stack files.
+None``) and whose devices are all in service: a fault there drains nothing, and
+it is where a LeaderWorkerSet group can be recreated. A node the Plan leaves
+unused because devices of it are out of service (``devices_out_of_service``)
+is no spare. ``expected_sources`` names the MindCluster fault sources that must
+be alive on every node (``device-plugin``, ``noded``; the stack's
+``kubernetes.fault_sources`` on the kubernetes target, none elsewhere): the
+watcher flags a node where one is not (``faults/sources.py``). The topology is
+plain data (:meth:`Topology.to_dict`) so the Kubernetes objects can hand it to
+the watcher pod in a ConfigMap without the stack files.
 """
 
 from __future__ import annotations
@@ -45,14 +50,43 @@ def npu_resource_of(value: object) -> str:
     return value
 
 
+#: Fault source names (the watcher's ``source`` label) a topology may expect, in reading order.
+EXPECTABLE_SOURCES = ("device-plugin", "noded")
+#: ``node_role`` of a node the Plan leaves unused because devices of it are out of service.
+OUT_OF_SERVICE = "out-of-service"
+
+
+def expected_sources_of(value: object) -> tuple[str, ...]:
+    """A topology file's ``sources``: a list of :data:`EXPECTABLE_SOURCES` names; absent or null: none."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v in EXPECTABLE_SOURCES for v in value):
+        raise ValueError(f"sources: must be a list of {' and '.join(EXPECTABLE_SOURCES)} (the fault sources expected "
+                         f"on every node), got {str(value)[:60]!r}")
+    return tuple(s for s in EXPECTABLE_SOURCES if s in value)
+
+
+def _device_ids(value: object, at: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 63
+                                              for v in value):
+        raise ValueError(f"{at}: must be a list of device ids 0..63 (got {str(value)[:60]!r})")
+    return tuple(sorted(set(value)))
+
+
 @dataclass(frozen=True)
 class Topology:
-    """``nodes``: node -> role (None: spare); ``instances``: instance -> (role, nodes in rank order)."""
+    """``nodes``: node -> role (None: unused); ``instances``: instance -> (role, nodes in rank order);
+    ``out_of_service``: node -> its device ids out of service (only nodes with any); ``expected_sources``:
+    the fault sources that must be alive on every node (names of :data:`EXPECTABLE_SOURCES`)."""
 
     stack: str
     nodes: dict[str, str | None]
     instances: dict[str, tuple[str, tuple[str, ...]]]
     npu_resource: str = DEFAULT_NPU_RESOURCE
+    expected_sources: tuple[str, ...] = ()
+    out_of_service: dict[str, tuple[int, ...]] = field(default_factory=dict)
     _by_node: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -68,11 +102,16 @@ class Topology:
     @classmethod
     def from_plan(cls, plan: Plan) -> Topology:
         k8s = plan.config.get("kubernetes") or {}
+        wanted = k8s.get("fault_sources") or {}
+        expected = tuple(s for s in EXPECTABLE_SOURCES if wanted.get(s.replace("-", "_"), True)) \
+            if plan.target == "kubernetes" else ()  # kind and local run no MindCluster
         return cls(
             stack=plan.stack,
             nodes={n.name: n.role for n in plan.nodes},
             instances={i.name: (i.role, i.nodes) for i in plan.instances},
             npu_resource=k8s.get("npu_resource") or DEFAULT_NPU_RESOURCE,
+            expected_sources=expected,
+            out_of_service={n.name: n.devices_out_of_service for n in plan.nodes if n.devices_out_of_service},
         )
 
     @classmethod
@@ -95,11 +134,15 @@ class Topology:
                                            or not all(isinstance(n, str) for n in item["nodes"])):
                     raise ValueError(f"instances[{k}]: needs role prefill or decode and nodes, a list of node names")
         npu_resource = npu_resource_of(doc.get("npu_resource"))
+        out_of_service = {str(n["name"]): _device_ids(n.get("devices_out_of_service"), f"nodes[{k}].devices_out_of_service")
+                          for k, n in enumerate(doc["nodes"])}
         return cls(
             stack=str(doc["stack"]),
             nodes={str(n["name"]): n.get("role") for n in doc["nodes"]},
             instances={str(i["name"]): (str(i["role"]), tuple(i["nodes"])) for i in doc["instances"]},
             npu_resource=npu_resource,
+            expected_sources=expected_sources_of(doc.get("sources")),
+            out_of_service={n: ids for n, ids in out_of_service.items() if ids},
         )
 
     @classmethod
@@ -107,10 +150,16 @@ class Topology:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def to_dict(self) -> dict[str, Any]:
+        nodes: list[dict[str, Any]] = []
+        for n, r in self.nodes.items():
+            nodes.append({"name": n, "role": r})
+            if self.out_of_service.get(n):
+                nodes[-1]["devices_out_of_service"] = list(self.out_of_service[n])
         return {
             "stack": self.stack,
             "npu_resource": self.npu_resource,
-            "nodes": [{"name": n, "role": r} for n, r in self.nodes.items()],
+            "sources": list(self.expected_sources),
+            "nodes": nodes,
             "instances": [{"name": n, "role": r, "nodes": list(ns)} for n, (r, ns) in self.instances.items()],
         }
 
@@ -126,9 +175,11 @@ class Topology:
 
     @property
     def spares(self) -> tuple[str, ...]:
-        """Nodes the Plan leaves unused."""
-        return tuple(n for n, r in self.nodes.items() if r is None)
+        """Nodes the Plan leaves unused, every device of them in service."""
+        return tuple(n for n, r in self.nodes.items() if r is None and not self.out_of_service.get(n))
 
     def node_role(self, node: str) -> str:
-        """``prefill``, ``decode`` or ``spare`` (the metrics' ``role`` label)."""
-        return self.nodes.get(node) or "spare"
+        """``prefill``, ``decode``, ``spare`` or ``out-of-service`` (the metrics' ``role`` label)."""
+        if self.nodes.get(node):
+            return str(self.nodes[node])
+        return OUT_OF_SERVICE if self.out_of_service.get(node) else "spare"

@@ -141,6 +141,7 @@ def build_plan(stack: Stack) -> Plan:
                 super_pod_id=s.node.super_pod_id,
                 role=s.role,
                 devices_used=s.used,
+                devices_out_of_service=tuple(sorted(s.node.devices_out_of_service)),
             )
             for s in states
         ),
@@ -161,6 +162,7 @@ def check_plan_invariants(plan: Plan, single_super_pod: bool) -> None:
     problems: list[Problem] = []
     used: set[tuple[str, int]] = set()
     roles: dict[str, str] = {}
+    out_of_service = {(n.name, d) for n in plan.nodes for d in n.devices_out_of_service}
     for inst in plan.instances:
         ranks = [d.global_rank for r in inst.ranks for d in r.devices]
         if sorted(ranks) != list(range(inst.npus)):
@@ -174,6 +176,8 @@ def check_plan_invariants(plan: Plan, single_super_pod: bool) -> None:
                 key = (rank.node, dev.device_id)
                 if key in used:
                     problems.append(Problem(f"plan.{inst.name}", f"device {key} used twice"))
+                if key in out_of_service:
+                    problems.append(Problem(f"plan.{inst.name}", f"device {key} is out of service"))
                 used.add(key)
     if problems:
         raise ConfigError(problems, "planner invariants")

@@ -2,7 +2,8 @@
 
 Rules: each device is used at most once; prefill and decode never share a
 node; an instance uses ``nodes_per_instance`` nodes with ``devices_per_node``
-free devices each (lowest device ids first); on super-pod hardware an instance
+free devices each (lowest device ids first; devices out of service are never
+free, and on a cluster their node offers none: ``planner/service.py``); on super-pod hardware an instance
 stays inside one super pod unless the stack allows otherwise. Nodes are taken
 in inventory order, super pods in ascending id, prefill instances first, so
 the same inputs always give the same placement.
@@ -24,6 +25,7 @@ from ascend_runtime.config.errors import ConfigError, Problem
 from ascend_runtime.config.inventory import Device, Inventory, Node
 from ascend_runtime.config.stack import Role, StackConfig
 from ascend_runtime.hardware import HardwareSpec
+from ascend_runtime.planner.service import out_of_service_problem, usable_devices
 from ascend_runtime.planner.validation import ROLES, devices_per_node
 from ascend_runtime.planner.versions import connector_dialect
 
@@ -75,7 +77,7 @@ def place_instances(config: StackConfig, inventory: Inventory, hardware: Hardwar
     address_problems = inventory.hardware_problems(hardware.kind)
     if address_problems:
         raise ConfigError(address_problems)
-    states = [NodeState(node, sorted(node.devices, key=lambda d: d.device_id)) for node in inventory.nodes]
+    states = [NodeState(node, usable_devices(node, config.target)) for node in inventory.nodes]
     pods: dict[int | None, list[NodeState]] = defaultdict(list)
     for state in states:
         pods[state.node.super_pod_id if hardware.has_super_pods else None].append(state)
@@ -147,6 +149,12 @@ def _no_room(
     stage = config.stage(role)
     usable = [s for s in states if s.fits(role, per_node)]
     need = stage.nodes_per_instance
+    out = out_of_service_problem(
+        [(i, s.node, len(s.free)) for i, s in enumerate(states) if s.node.devices_out_of_service
+         and s.role in (None, role) and len(s.node.devices) - s.used >= per_node and not s.fits(role, per_node)],
+        role, f"{role}-{index}", per_node, config.target)
+    if out is not None:
+        return out
     if hardware.has_super_pods and not config.allow_cross_super_pod and len(usable) >= need:
         free_by_pod = {p: sum(1 for s in members if s.fits(role, per_node)) for p, members in pods.items()}
         return Problem(

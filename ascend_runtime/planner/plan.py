@@ -139,7 +139,11 @@ class InstancePlan:
 
 @dataclass(frozen=True)
 class NodePlan:
-    """A node of the inventory and the role the Plan gives it (None: unused)."""
+    """A node of the inventory and the role the Plan gives it (None: unused).
+
+    ``device_count``: devices the inventory lists; ``devices_out_of_service``: their device ids the
+    inventory takes out of service (never placed; ``planner/service.py``), in the JSON only when any.
+    """
 
     name: str
     host_ip: str
@@ -148,6 +152,7 @@ class NodePlan:
     super_pod_id: int | None
     role: str | None
     devices_used: int
+    devices_out_of_service: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -244,6 +249,9 @@ class Plan:
             for rank, raw_rank in zip(inst.ranks, raw["ranks"]):
                 raw_rank["name"] = rank.name
                 raw_rank["is_leader"] = rank.is_leader
+        for raw in data["nodes"]:  # a node with every device in service: its JSON is what it was before the key
+            if not raw["devices_out_of_service"]:
+                del raw["devices_out_of_service"]
         if not self.flex_groups:  # fixed P:D: the Plan's JSON is what it was before flexible groups existed
             del data["flex_groups"], data["standby"]
         data["proxy_url"] = self.proxy_url

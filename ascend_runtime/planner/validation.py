@@ -68,9 +68,17 @@ def check_inventory(inventory: Inventory, hardware: HardwareSpec) -> list[Proble
                     f"{at}.devices",
                     f"node {node.name} lists {count} devices; {hardware.display_name} nodes have {hardware.devices_per_node}",
                     count,
-                    "re-run the facts playbook or fix the hardware kind",
+                    "re-run the facts playbook or fix the hardware kind; keep a broken NPU listed and name its "
+                    "device_id in the node's devices_out_of_service",
                 )
             )
+        listed = {d.device_id for d in node.devices}
+        problems += [
+            Problem(f"{at}.devices_out_of_service[{k}]", f"node {node.name} lists no device {dev_id} under devices "
+                    f"(its device ids: {', '.join(map(str, sorted(listed))) or 'none'})", dev_id,
+                    "name the device_id of a listed device, or remove the entry")
+            for k, dev_id in enumerate(node.devices_out_of_service) if dev_id not in listed
+        ]
         seen_ids: set[int] = set()
         for j, dev in enumerate(node.devices):
             dat = f"{at}.devices[{j}]"
