@@ -37,6 +37,8 @@ from ascend_runtime.config.secrets import (
     referenced_pulumi_secrets,
     set_secret_command,
 )
+from ascend_runtime.config.pulumi_sentinels import sentinel_problems
+from ascend_runtime.config.ssh_endpoints import ssh_endpoint_problems
 from ascend_runtime.config.stack import ENV_NAME_ERROR, PROJECT, Stack, StackConfig
 from ascend_runtime.config.yaml_rules import node_problems
 
@@ -336,8 +338,9 @@ def parse_stack_config(raw_config: dict[str, Any], source: str = "") -> tuple[St
     (``ascend-deepsek:``), which is refused as a misspelling: its keys would be
     silently ignored. Secret values are never read: a ``secure:`` key only
     counts as present. A plaintext value of a secret key (:data:`SECRET_KEYS`,
-    or a name that looks secret and is no stack setting) is refused, and so is
-    an ``engine.extra_env`` reference to a Pulumi secret the stack does not
+    or a name that looks secret and is no stack setting) is refused, and so are
+    a value spelled like a Pulumi marker (``[secret]``, :mod:`.pulumi_sentinels`)
+    and an ``engine.extra_env`` reference to a Pulumi secret the stack does not
     set; the problems give the ``pulumi config set --secret`` command, never
     the value.
     """
@@ -361,6 +364,7 @@ def parse_stack_config(raw_config: dict[str, Any], source: str = "") -> tuple[St
             problems.append(Problem(name, "is a secret: a plaintext value is refused (it would reach the Plan)", None,
                                     f"remove it from the stack file and run `{set_secret_command(name)}`"))
             continue
+        problems += sentinel_problems(value, name)
         ours[name] = value
     try:
         config = StackConfig.model_validate(ours)
@@ -380,16 +384,18 @@ def parse_stack_config(raw_config: dict[str, Any], source: str = "") -> tuple[St
 
 
 def parse_inventory(raw: Any, source: str = "") -> Inventory:
-    """Validate an inventory document and its device networks; key paths start with ``inventory.``."""
+    """Validate an inventory document, its device networks and its SSH endpoints (one machine per node); a
+    value spelled like a Pulumi marker is refused. Key paths start with ``inventory.``."""
     if not isinstance(raw, dict):
         raise ConfigError.single("inventory", f"the inventory must be a mapping with ssh: and nodes:, got {_type_name(raw)}",
                                  hint="name an inventory file (the facts playbook writes them)", source=source)
+    sentinels = sentinel_problems(raw, "inventory")
     try:
         inventory = Inventory.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(problems_from_validation(exc, Inventory, prefix="inventory.", where="the inventory"),
-                          source) from None
-    problems = inventory.network_problems()
+        raise ConfigError(sentinels + problems_from_validation(exc, Inventory, prefix="inventory.",
+                                                               where="the inventory"), source) from None
+    problems = sentinels + inventory.network_problems() + ssh_endpoint_problems(inventory)
     if problems:
         raise ConfigError(problems, source)
     return inventory

@@ -7,7 +7,6 @@ never a traceback nor a silent reading. A 16 MB namespace is judged fast, and a 
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -16,8 +15,8 @@ import pytest
 from ascend_runtime.cli import main
 from ascend_runtime.config.errors import ConfigError
 from ascend_runtime.config.loader import misspelt_namespace, parse_stack_config, parse_yaml
+from tests.stack_copies import stacks_with_text
 
-STACKS = Path(__file__).resolve().parents[2] / "stacks"
 
 
 @pytest.mark.parametrize(("text", "path", "words"), [
@@ -51,21 +50,11 @@ def test_yaml_1_2_spellings_and_quoted_text_pass(text: str) -> None:
     parse_yaml(text, "stack")
 
 
-def _stack_copy(tmp_path: Path, replace: tuple[str, str]) -> Path:
-    stacks = tmp_path / "stacks"
-    shutil.copytree(STACKS, stacks)
-    path = stacks / "Pulumi.local.yaml"
-    text = path.read_text()
-    assert replace[0] in text
-    path.write_text(text.replace(replace[0], replace[1], 1))
-    return stacks
-
-
 @pytest.mark.parametrize(("value", "words"), [("9" * 5000, ("5000 digits",)), ("0022", ("octal",)),
                                                ("2:30:00", ("base-60",))])
 def test_plan_exits_2_naming_the_key_never_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                         value: str, words: tuple[str, ...]) -> None:
-    stacks = _stack_copy(tmp_path, ("    max_num_seqs: 16\n", f"    max_num_seqs: {value}\n"))
+    stacks = stacks_with_text(tmp_path, "local", "    max_num_seqs: 16\n", f"    max_num_seqs: {value}\n")
     assert main(["plan", "--stack", "local", "--stacks-dir", str(stacks)]) == 2
     err = capsys.readouterr().err
     assert "  - prefill.max_num_seqs: " in err and all(w in err for w in words), err[:500]
@@ -85,7 +74,7 @@ def test_a_16_mb_namespace_is_judged_fast() -> None:
 
 def test_a_1_mb_key_is_cut_in_the_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     key = "k" * 1_000_000
-    stacks = _stack_copy(tmp_path, ("    max_num_seqs: 16\n", f"    ? {key}\n    : 16\n"))
+    stacks = stacks_with_text(tmp_path, "local", "    max_num_seqs: 16\n", f"    ? {key}\n    : 16\n")
     assert main(["plan", "--stack", "local", "--stacks-dir", str(stacks)]) == 2
     err = capsys.readouterr().err
     assert "  - prefill.kkk" in err and "unknown key" in err and len(err) < 2000, len(err)
