@@ -1,4 +1,4 @@
-"""A small asynchronous Kubernetes API client: GET one object, list EndpointSlices, create Events.
+"""A small asynchronous Kubernetes API client: GET one object, list pods and EndpointSlices, create Events.
 
 The watcher needs a handful of calls with tight timeouts on its own event loop,
 so it speaks HTTP to the API server with aiohttp instead of the blocking
@@ -138,6 +138,14 @@ class KubeClient:
 
     async def get_node(self, name: str) -> dict[str, Any] | None:
         return await self.get(f"/api/v1/nodes/{quote(name)}")
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Pods of ``namespace`` matching the label ``selector`` (``app=noded``)."""
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods"
+        status, data = await self._request("GET", path, params={"labelSelector": selector})
+        if status != 200 or not isinstance(data, dict) or not isinstance(data.get("items") or [], list):
+            raise KubeError(f"GET {path}?labelSelector={selector}: HTTP {status}: {_message(data)}", status)
+        return [p for p in data.get("items") or [] if isinstance(p, dict)]
 
     async def list_endpointslices(self, namespace: str, service: str) -> list[dict[str, Any]]:
         """EndpointSlices of a Service (label ``kubernetes.io/service-name``)."""

@@ -30,6 +30,16 @@ class FaultMetrics:
                                 ["instance"], registry=r)
         self.recovery_checks = Counter("ascend_faults_recovery_checks", "Health + PD round-trip checks before undrain",
                                        ["instance", "outcome"], registry=r)
+        self.source_failed = Gauge("ascend_faults_source_failed",
+                                   "1 while a fault source the topology expects is not alive on the node (its "
+                                   "DaemonSet pod absent or not ready, or its ConfigMap absent or stale)",
+                                   ["node", "role", "source", "reason"], registry=r)
+        self.instance_unwatched = Gauge("ascend_faults_instance_unwatched",
+                                        "1 while a node of the instance has a failed fault source (kept routable)",
+                                        ["instance", "role"], registry=r)
+        self.device_info_age = Gauge("ascend_faults_device_info_age_seconds",
+                                     "Age of the device plugin ConfigMap's DeviceInfo.UpdateTime at the last read",
+                                     ["node"], registry=r)
         self.read_errors = Counter("ascend_faults_read_errors", "Kubernetes API reads that failed (last state kept)",
                                    ["source"], registry=r)
         self.proxy_errors = Counter("ascend_faults_proxy_errors", "Admin API calls to a proxy replica that failed",

@@ -7,6 +7,12 @@ Every ``interval_s`` (default 1 s) one cycle:
    ConfigMaps, and every ``node_interval_s`` the Node object
    (:mod:`ascend_runtime.faults.signals`). A failed read keeps that source's
    last known state; it never clears a fault;
+   For every fault source the topology expects (``Topology.expected_sources``),
+   it also checks that the source is alive on each node: its DaemonSet pod
+   running and ready (listed every ``node_interval_s``), and the device
+   plugin's ConfigMap present and fresh (:mod:`ascend_runtime.faults.sources`).
+   A failed source is no fault: the node's instances stay routable, flagged in
+   the metrics, ``/healthz`` and an Event;
 2. maps each faulted node to the instances with a rank on it (a spare node
    maps to none) and reconciles every proxy replica: ``GET /admin/instances``,
    then ``POST /admin/instances/drain`` wherever an instance the watcher keeps
@@ -29,6 +35,7 @@ the proxy only stops sending it new ones (``InstancePool.drain``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -43,6 +50,7 @@ from aiohttp import web
 
 from ascend_runtime.eventloop import run_every
 from ascend_runtime.faults import signals as sig
+from ascend_runtime.faults import sources as src
 from ascend_runtime.faults.kube import KubeClient, KubeError
 from ascend_runtime.faults.metrics import FaultMetrics
 from ascend_runtime.faults.proxies import ProxyAdmin, ProxyError
@@ -52,7 +60,7 @@ from ascend_runtime.faults.recovery import (
     check_health,
     pd_round_trip,
 )
-from ascend_runtime.faults.topology import Topology
+from ascend_runtime.faults.topology import OUT_OF_SERVICE, Topology
 from ascend_runtime.metrics_server import start_metrics_server
 
 log = logging.getLogger(__name__)
@@ -64,6 +72,8 @@ REASON_DRAIN_FAILED = "AscendFaultDrainFailed"
 REASON_SPARE = "AscendSpareNodeFaulted"
 REASON_RECOVERED = "AscendFaultRecovered"
 REASON_RECOVERY_FAILED = "AscendRecoveryCheckFailed"
+REASON_SOURCE_FAILED = "AscendFaultSourceFailed"
+REASON_SOURCE_BACK = "AscendFaultSourceRecovered"
 SOURCES = ("device-plugin", "noded", "node")
 
 
@@ -80,6 +90,8 @@ class WatcherConfig:
     device_plugin_namespace: str = sig.DEVICE_INFO_NAMESPACE
     noded_namespace: str | None = sig.NODE_INFO_NAMESPACE
     read_nodes: bool = True
+    #: A device plugin ConfigMap whose UpdateTime is older (seconds) is a failed source (sources.py).
+    stale_after_s: float = src.STALE_AFTER_S
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     reporting_instance: str = field(default_factory=lambda: os.environ.get("POD_NAME") or socket.gethostname())
@@ -96,10 +108,18 @@ class NodeState:
     noded_status: str = "Healthy"
     uid: str | None = None
     errors: dict[str, str] = field(default_factory=dict)  # source -> last read error (logged once)
+    #: (source, reason) -> why an expected fault source is not alive here (pods and ConfigMaps, sources.py)
+    failures: dict[tuple[str, str], src.SourceFailure] = field(default_factory=dict)
 
     @property
     def signals(self) -> list[sig.Signal]:
-        return [s for src in SOURCES for s in self.sources.get(src, [])]
+        return [s for name in SOURCES for s in self.sources.get(name, [])]
+
+    def set_failures(self, reasons: tuple[str, ...], found: list[src.SourceFailure], source: str) -> None:
+        """Replace the failures of ``source`` with one of ``reasons`` by ``found``."""
+        for key in [k for k in self.failures if k[0] == source and k[1] in reasons]:
+            del self.failures[key]
+        self.failures.update({(f.source, f.reason): f for f in found})
 
     @property
     def faulted(self) -> bool:
@@ -141,9 +161,10 @@ class FaultWatcher:
     """Watches ``topology``'s nodes through ``kube`` and drains through ``proxies``."""
 
     def __init__(self, topology: Topology, kube: KubeClient, proxies: ProxyAdmin, config: WatcherConfig,
-                 session: aiohttp.ClientSession, clock: Callable[[], float] = time.monotonic) -> None:
+                 session: aiohttp.ClientSession, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.topology, self.kube, self.proxies, self.config = topology, kube, proxies, config
-        self.session, self.clock = session, clock
+        self.session, self.clock, self.wall_clock = session, clock, wall_clock
         self.metrics = FaultMetrics()
         self.nodes = {n: NodeState(n, topology.node_role(n)) for n in topology.nodes}
         self.drains: dict[str, Drain] = {}
@@ -154,17 +175,50 @@ class FaultWatcher:
         self._instance_urls: dict[str, str] = {}
         self._routable: dict[str, bool] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._failed: set[tuple[str, str, str]] = set()  # (node, source, reason) seen failed in the last cycle
+        self.expected = self.expected_sources()
         spares = topology.spares
         log.info("watching %d nodes of stack %s (%d instances); spare nodes (unused by the Plan): %s",
                  len(self.nodes), topology.stack, len(topology.instances), ", ".join(spares) or "none")
 
     # ---- reading ---------------------------------------------------------------------------
+    def expected_sources(self) -> dict[str, src.DaemonSetSource]:
+        """The fault sources checked for liveness: the topology's, in the namespaces this watcher reads them in
+        (a source it does not read, ``--no-noded``, is not checked)."""
+        namespaces = {src.DEVICE_PLUGIN: self.config.device_plugin_namespace, src.NODED: self.config.noded_namespace}
+        return {name: dataclasses.replace(src.DAEMONSETS[name], namespace=namespaces[name])
+                for name in self.topology.expected_sources if namespaces.get(name)}
+
+    def _judge_device_info(self, state: NodeState, cm: dict[str, Any] | None) -> None:
+        """Freshness of the device plugin's ConfigMap, where the plugin is expected (sources.py)."""
+        if cm is not None and (written := src.device_info_update_time(cm)) is not None:
+            self.metrics.device_info_age.labels(state.name).set(max(0.0, self.wall_clock() - written))
+        if src.DEVICE_PLUGIN not in self.expected:
+            return
+        failure = src.configmap_failure(cm, state.name, self.wall_clock(), self.config.stale_after_s)
+        state.set_failures(src.CONFIGMAP_REASONS, [failure] if failure else [], src.DEVICE_PLUGIN)
+
+    async def read_pods(self) -> None:
+        """List each expected source's DaemonSet pods; judge every node by them. A failed list keeps the last state."""
+        for name, ds in self.expected.items():
+            try:
+                pods = src.pods_by_node(await self.kube.list_pods(ds.namespace, ds.selector))
+            except KubeError as exc:
+                self.metrics.read_errors.labels(f"{name}-pods").inc()
+                log.warning("listing the %s pods (%s, %s): %s (keeping the last known state)",
+                            name, ds.namespace, ds.selector, exc)
+                continue
+            for st in self.nodes.values():
+                failure = src.pod_failure(ds, pods.get(st.name, []), st.name)
+                st.set_failures(src.POD_REASONS, [failure] if failure else [], name)
+
     async def _read_source(self, state: NodeState, source: str) -> None:
         cfg, name = self.config, state.name
         try:
             if source == "device-plugin":
                 cm = await self.kube.get_configmap(cfg.device_plugin_namespace, sig.device_info_name(name))
                 state.sources[source] = sig.device_plugin_signals(cm, self.topology.npu_resource)
+                self._judge_device_info(state, cm)
             elif source == "noded":
                 assert cfg.noded_namespace is not None
                 cm = await self.kube.get_configmap(cfg.noded_namespace, sig.node_info_name(name))
@@ -184,12 +238,14 @@ class FaultWatcher:
             log.info("reading %s of node %s works again", source, name)
 
     async def read_all(self, now: float) -> None:
-        """One read of every source of every node, concurrently."""
-        with_nodes = self.config.read_nodes and (
-            self._last_node_read is None or now - self._last_node_read >= self.config.node_interval_s)
+        """One read of every source of every node, concurrently; Node objects and the sources' pods every
+        ``node_interval_s``."""
+        due = self._last_node_read is None or now - self._last_node_read >= self.config.node_interval_s
+        with_nodes = self.config.read_nodes and due
         sources = ["device-plugin"] + (["noded"] if self.config.noded_namespace else []) + (["node"] if with_nodes else [])
-        await asyncio.gather(*(self._read_source(st, src) for st in self.nodes.values() for src in sources))
-        if with_nodes:
+        pods = [self.read_pods()] if due and self.expected else []
+        await asyncio.gather(*(self._read_source(st, name) for st in self.nodes.values() for name in sources), *pods)
+        if due:
             self._last_node_read = now
 
     # ---- one cycle ---------------------------------------------------------------------------
@@ -227,6 +283,7 @@ class FaultWatcher:
             if inst not in wanted and d.clear_since is None:
                 d.clear_since = now
         self._collect_recoveries(wanted)
+        self._report_source_changes()
         replicas = await self.proxies.replicas()
         self.metrics.proxy_replicas.set(len(replicas))
         drained, undrained = await self.reconcile(replicas)
@@ -315,6 +372,34 @@ class FaultWatcher:
             self.metrics.proxy_errors.labels(url).inc()
             log.warning("%s %s on %s: %s", "drain" if drain else "undrain", inst, url, exc)
             return False
+
+    # ---- fault sources ------------------------------------------------------------------------
+    def _report_source_changes(self) -> None:
+        """Log and post an Event for every source that failed or came back on a node since the last cycle."""
+        now = {(st.name, f.source, f.reason): f for st in self.nodes.values() for f in st.failures.values()}
+        for key in sorted(now.keys() - self._failed):
+            node, failure = key[0], now[key]
+            insts = self.topology.instances_on(node)
+            kept = (f"{', '.join(insts)} stay{'s' if len(insts) == 1 else ''} routable, unwatched by this source"
+                    if insts else "no instance runs there")
+            log.warning("fault source failed on node %s: %s; %s", node, failure.describe(), kept)
+            self._spawn(self._event(node, REASON_SOURCE_FAILED, "Warning",
+                                    f"fault source {failure.source} is not alive on {node}: {failure.reason} "
+                                    f"({failure.detail}); its faults cannot be seen here, nothing is drained for this: "
+                                    f"{kept}. See docs/faults.md, Fault sources"))
+        for node, source, reason in sorted(self._failed - now.keys()):
+            log.info("fault source %s on node %s is alive again (was %s)", source, node, reason)
+            self._spawn(self._event(node, REASON_SOURCE_BACK, "Normal",
+                                    f"fault source {source} is alive on {node} again (was {reason})"))
+        self._failed = set(now)
+
+    def unwatched(self) -> dict[str, list[str]]:
+        """Instances with a rank on a node where an expected source failed -> those nodes' failures."""
+        out: dict[str, list[str]] = {}
+        for st in self.nodes.values():
+            for inst in self.topology.instances_on(st.name) if st.failures else ():
+                out.setdefault(inst, []).extend(f"{st.name}: {f.describe()}" for f in st.failures.values())
+        return out
 
     # ---- recovery -----------------------------------------------------------------------------
     def _collect_recoveries(self, wanted: dict[str, set[str]]) -> None:
@@ -444,12 +529,19 @@ class FaultWatcher:
 
     def _update_metrics(self) -> None:
         m = self.metrics
-        for role in ("prefill", "decode", "spare"):
+        for role in ("prefill", "decode", "spare", OUT_OF_SERVICE):
             m.faulted_nodes.labels(role).set(sum(1 for s in self.nodes.values() if s.role == role and s.faulted))
         m.node_faulted.clear()
         for st in self.nodes.values():
             for kind in sorted({s.kind for s in st.signals}):
                 m.node_faulted.labels(st.name, st.role, kind).set(1)
+        m.source_failed.clear()
+        for st in self.nodes.values():
+            for f in st.failures.values():
+                m.source_failed.labels(st.name, st.role, f.source, f.reason).set(1)
+        m.instance_unwatched.clear()
+        for inst in self.unwatched():
+            m.instance_unwatched.labels(inst, self.topology.role(inst)).set(1)
         m.drained_instances.set(len(self.drains))
         m.instance_drained.clear()
         for inst, d in self.drains.items():
@@ -470,6 +562,9 @@ class FaultWatcher:
                             "clear_for_s": None if d.clear_since is None else round(now - d.clear_since, 1),
                             "last_failure": d.last_failure} for i, d in self.drains.items()},
             "spares": {n: not self.nodes[n].faulted for n in self.topology.spares},
+            "failed_sources": {n: [f.describe() for f in st.failures.values()]
+                               for n, st in self.nodes.items() if st.failures},
+            "unwatched_instances": self.unwatched(),
         }
 
     # ---- running ----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Every custom resource is validated against the published CRD schema of a release
 project, committed under ``crds/`` with its repository, tag, commit and path (crds/README.md):
 
 * LeaderWorkerSet: kubernetes-sigs/lws, the release the kit pins (``objects/lws.py`` ``RELEASE``);
-* PodMonitor, ServiceMonitor: prometheus-operator/prometheus-operator :data:`PROMETHEUS_OPERATOR_TAG`
+* PodMonitor, ServiceMonitor, PrometheusRule: prometheus-operator/prometheus-operator :data:`PROMETHEUS_OPERATOR_TAG`
   (``example/prometheus-operator-crd/``), the newest release when they were committed.
 
 The schemas are strict (:func:`strict_json_schema`): an unknown field fails here, where the API
@@ -28,11 +28,13 @@ SCHEMA_FILES = {
     "LeaderWorkerSet": CRD_DIR / "leaderworkerset.x-k8s.io_leaderworkersets.json",
     "PodMonitor": CRD_DIR / "monitoring.coreos.com_podmonitors.json",
     "ServiceMonitor": CRD_DIR / "monitoring.coreos.com_servicemonitors.json",
+    "PrometheusRule": CRD_DIR / "monitoring.coreos.com_prometheusrules.json",
 }
 #: Where each committed Prometheus operator schema comes from in its repository.
 PROMETHEUS_CRD_PATHS = {
     "PodMonitor": "example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml",
     "ServiceMonitor": "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
+    "PrometheusRule": "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml",
 }
 #: ObjectMeta the kit writes on a monitor (a DNS-1123 name, namespace, labels).
 _META = {

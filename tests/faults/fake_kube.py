@@ -8,6 +8,9 @@ It serves exactly what the watcher calls, over real HTTP:
   plugin's ``WriteDeviceInfoDataIntoCM``, ``pkg/kubeclient/client_server.go``; :meth:`set_node_info`
   NodeD's ``ConfigMapReporter.constructNodeInfoCM``, which deletes the ConfigMap when healthy);
 * ``GET /apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector=...``;
+* ``GET /api/v1/namespaces/{ns}/pods?labelSelector=k=v[,k=v]``: the fault sources' DaemonSet pods
+  (:meth:`set_source_pod`, in the shape the DaemonSet controller gives them: ``spec.nodeName``, phase and
+  ``Ready`` condition);
 * ``POST /api/v1/namespaces/{ns}/events``: every Event is validated as a core/v1 Event with
   kubernetes-validate (422 if it is not one), must pass the API server's namespace rule for Events
   (422, :func:`event_namespace_problem`), must have a new name (409), and is kept in :attr:`events`.
@@ -71,6 +74,7 @@ class FakeKubernetesApi:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     configmaps: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     endpointslices: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)
+    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (namespace, name) -> Pod
     events: list[dict[str, Any]] = field(default_factory=list)
     rejected_events: list[tuple[int, str]] = field(default_factory=list)
     requests: list[tuple[str, str, int]] = field(default_factory=list)
@@ -93,6 +97,7 @@ class FakeKubernetesApi:
         app.router.add_get("/api/v1/nodes/{name}", self._get_node)
         app.router.add_get("/api/v1/namespaces/{ns}/configmaps/{name}", self._get_configmap)
         app.router.add_get("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", self._list_slices)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods", self._list_pods)
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._create_event)
         self._runner, self.url = await serve_on_loopback(app)
         return self.url
@@ -169,6 +174,15 @@ class FakeKubernetesApi:
         return web.json_response({"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1",
                                   "items": self.endpointslices.get((ns, service), [])})
 
+    async def _list_pods(self, request: web.Request) -> web.Response:
+        ns = request.match_info["ns"]
+        if not self._allowed("", "pods", "list", ns, None):
+            return kube_status(403, "Forbidden", f'pods is forbidden: cannot list resource "pods" in namespace "{ns}"')
+        wanted = dict(kv.split("=", 1) for kv in request.query.get("labelSelector", "").split(",") if kv)
+        items = [p for (pns, _), p in sorted(self.pods.items()) if pns == ns
+                 and wanted.items() <= (p["metadata"].get("labels") or {}).items()]
+        return web.json_response({"kind": "PodList", "apiVersion": "v1", "items": items})
+
     async def _create_event(self, request: web.Request) -> web.Response:
         ns = request.match_info["ns"]
         if not self._allowed("", "events", "create", ns, None):
@@ -204,10 +218,29 @@ class FakeKubernetesApi:
     def set_ready(self, name: str, status: str, reason: str = "NodeStatusUnknown") -> None:
         self.nodes[name]["status"]["conditions"] = [{"type": "Ready", "status": status, "reason": reason}]
 
+    def set_source_pod(self, source: str, node: str, phase: str | None = "Running", ready: bool = True) -> None:
+        """The pod of fault source ``source``'s DaemonSet (faults/sources.py ``DAEMONSETS``) on ``node``; ``phase``
+        None deletes it."""
+        from ascend_runtime.faults.sources import DAEMONSETS  # noqa: PLC0415
+
+        ds = DAEMONSETS[source]
+        name = f"{ds.daemonset}-{hashlib.md5(node.encode()).hexdigest()[:5]}"
+        if phase is None:
+            self.pods.pop((ds.namespace, name), None)
+            return
+        self.pods[(ds.namespace, name)] = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ds.namespace, "labels": dict(ds.pod_labels)},
+            "spec": {"nodeName": node, "containers": [{"name": ds.source, "image": f"{ds.source}:v26.1.0"}]},
+            "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+        }
+
     def set_device_info(self, node: str, unhealthy: tuple[str, ...] = (), network_unhealthy: tuple[str, ...] = (),
                         recovering: tuple[str, ...] = (), faults: list[dict[str, Any]] | None = None,
-                        resource: str = signals.DEFAULT_NPU_RESOURCE, chips: int = 8) -> None:
-        """The device plugin's ConfigMap of ``node`` with these chips unhealthy (Atlas A2 layout)."""
+                        resource: str = signals.DEFAULT_NPU_RESOURCE, chips: int = 8,
+                        update_time: int | None = None) -> None:
+        """The device plugin's ConfigMap of ``node`` with these chips unhealthy (Atlas A2 layout), written at unix
+        time ``update_time`` (default now)."""
         names = [f"Ascend910-{i}" for i in range(chips)]
         device_list = {
             resource: ",".join(n for n in names if n not in unhealthy),
@@ -216,7 +249,7 @@ class FakeKubernetesApi:
             resource + signals.RECOVERING_SUFFIX: ",".join(recovering),
             resource + signals.FAULT_LIST_SUFFIX: json.dumps(faults or [], separators=(",", ":")),
         }
-        info = {"DeviceList": device_list, "UpdateTime": int(time.time())}
+        info = {"DeviceList": device_list, "UpdateTime": int(time.time()) if update_time is None else update_time}
         check = hashlib.sha256(json.dumps(info, separators=(",", ":"), sort_keys=True).encode()).hexdigest()
         cache = {"DeviceInfo": info, "SuperPodID": -2, "ServerIndex": -2, "CheckCode": check}
         self.configmaps[(signals.DEVICE_INFO_NAMESPACE, signals.device_info_name(node))] = {

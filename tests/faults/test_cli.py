@@ -25,11 +25,14 @@ from .fake_kube import FakeKubernetesApi
     (["--topology", "/nonexistent/topology.json", "--proxy", "http://127.0.0.1:1"], "--topology"),
     (["--topology", "x.json"], "--proxy/--proxy-service"),
     (["--stack", "local", "--interval", "0"], "--interval"),
+    (["--stack", "local", "--stale-after", "300"], "--stale-after: must be > 300"),  # the plugin's own period
+    (["--topology", "bad-sources.json", "--proxy", "http://127.0.0.1:1"], "sources: must be a list of device-plugin"),
 ])
 def test_bad_arguments_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
                               monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("ASCEND_PROXY_TOKEN", raising=False)
     (tmp_path / "x.json").write_text(json.dumps(TOPOLOGY.to_dict()))
+    (tmp_path / "bad-sources.json").write_text(json.dumps({**TOPOLOGY.to_dict(), "sources": ["nodeD"]}))
     monkeypatch.chdir(tmp_path)
     assert main(["faults", "watch", *argv]) == 2
     assert message in capsys.readouterr().err

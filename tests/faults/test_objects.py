@@ -53,11 +53,12 @@ def test_objects_validate(stack: str) -> None:
     plan = load_plan(stack)
     objs = _objs(stack)
     operator = plan.config["kubernetes"]["prometheus_operator"]
+    source_roles = ["Role", "RoleBinding"] * len(Topology.from_plan(plan).expected_sources)  # kube-system, mindx-dl
     assert [o["kind"] for o in objs] == ["Secret", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-                                         "RoleBinding", "Role", "RoleBinding", "ConfigMap", "NetworkPolicy",
-                                         "NetworkPolicy", "NetworkPolicy", "Deployment", "Service",
-                                         *(["PodMonitor"] if operator else [])]
-    for obj in objs:  # the PodMonitor against prometheus-operator's CRD schema
+                                         "RoleBinding", "Role", "RoleBinding", *source_roles, "ConfigMap",
+                                         "NetworkPolicy", "NetworkPolicy", "NetworkPolicy", "Deployment", "Service",
+                                         *(["PodMonitor", "PrometheusRule"] if operator else [])]
+    for obj in objs:  # the PodMonitor and PrometheusRule against prometheus-operator's CRD schemas
         validate_object(obj, plan.config["kubernetes"]["version"])
     if operator:  # it scrapes the watcher's own pods on the container port named "metrics"
         monitor, deployment = _one(objs, "PodMonitor"), _one(objs, "Deployment")
@@ -100,12 +101,18 @@ def test_rbac_is_get_by_name_plus_events_and_endpointslices(stack: str) -> None:
     # the Role that lets the watcher post them lives there, named after the serving namespace
     assert roles["default"]["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     assert roles["default"]["metadata"]["name"] == role["metadata"]["name"]
-    assert set(bindings) == {ns, "default"}
-    assert bindings["default"]["roleRef"]["name"] == roles["default"]["metadata"]["name"]
-    assert bindings["default"]["subjects"] == [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}]
+    # where the stack expects MindCluster's fault sources (target kubernetes), the watcher lists their pods
+    # in their namespaces (faults/sources.py): list pods only, nothing else there
+    expected = {"kube-system", "mindx-dl"} if plan.target == "kubernetes" else set()
+    assert set(bindings) == {ns, "default", *expected}
+    for source_ns in expected:
+        assert roles[source_ns]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    for other in set(bindings) - {ns}:
+        assert bindings[other]["roleRef"]["name"] == roles[other]["metadata"]["name"] == role["metadata"]["name"]
+        assert bindings[other]["subjects"] == [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}]
     command = _one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--event-namespace") + 1] == "default"
-    for rule in role["rules"] + roles[ns]["rules"] + roles["default"]["rules"]:
+    for rule in role["rules"] + [r for o in roles.values() for r in o["rules"]]:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
         assert not set(rule["verbs"]) & {"update", "patch", "delete", "watch", "deletecollection"}
 

@@ -12,6 +12,7 @@ import sys
 from ascend_runtime import eventloop
 from ascend_runtime.cli.stackargs import env_secret, input_error, path_arg, path_type
 from ascend_runtime.faults.signals import NODE_EVENT_NAMESPACE
+from ascend_runtime.faults.sources import DEVICE_INFO_REWRITE_S, STALE_AFTER_S
 
 PROXY_TOKEN_ENV = "ASCEND_PROXY_TOKEN"
 
@@ -57,6 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--recheck", type=float, default=5.0, help="between failed recovery checks; default 5")
     t.add_argument("--check-timeout", type=float, default=30.0, help="per recovery request; default 30")
     t.add_argument("--api-timeout", type=float, default=2.0, help="per Kubernetes or proxy admin call; default 2")
+    t.add_argument("--stale-after", type=float, default=STALE_AFTER_S,
+                   help="a device plugin ConfigMap whose UpdateTime is older is a failed fault source (the plugin "
+                        f"rewrites it at least every 300 s); default {STALE_AFTER_S}")
     w.add_argument("--metrics-host", default="127.0.0.1", help="metrics listen address (default 127.0.0.1)")
     w.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics and /healthz here")
     w.add_argument("--max-cycles", type=int, help="stop after this many cycles")
@@ -115,6 +119,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         *(check_interval("--" + name.replace("_", "-"), getattr(args, name)) for name in ("interval", "node_interval")),
         *(check_duration("--" + name.replace("_", "-"), getattr(args, name)) for name in ("check_timeout", "api_timeout")),
         *(check_duration("--" + name, getattr(args, name), 0.0, strict=False) for name in ("settle", "recheck")),
+        check_duration("--stale-after", args.stale_after, float(DEVICE_INFO_REWRITE_S)),
         check_port("--metrics-port", args.metrics_port),
         check_count("--max-cycles", args.max_cycles, maximum=MAX_COUNT),
     )
@@ -180,6 +185,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         check_timeout_s=args.check_timeout, event_namespace=event_ns,
         device_plugin_namespace=args.device_plugin_namespace,
         noded_namespace=None if args.no_noded else args.noded_namespace, read_nodes=not args.no_node_objects,
+        stale_after_s=args.stale_after,
         metrics_host=args.metrics_host, metrics_port=args.metrics_port,
     )
     try:

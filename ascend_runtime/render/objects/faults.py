@@ -14,16 +14,21 @@ the watcher drains through the proxy's admin API, which needs that token.
   RoleBinding per namespace because ``mindx-dl`` exists only where NodeD is
   installed, and a RoleBinding there would fail ``pulumi up`` everywhere else;
   no other ConfigMap, and nothing but ``get``, is granted;
-* Role + RoleBinding in the serving namespace: ``create`` Events (the watcher's
-  Events about nodes are posted there) and ``list`` EndpointSlices (the proxy
-  Service's endpoints are the replicas every drain goes to);
+* Role + RoleBinding in the serving namespace: ``list`` EndpointSlices (the
+  proxy Service's endpoints are the replicas every drain goes to); in ``default``:
+  ``create`` Events (Node Events are accepted only there); in the namespace of
+  each fault source the stack expects (``kube-system`` for the device plugin,
+  ``mindx-dl`` for NodeD): ``list`` pods, to see the source's DaemonSet pod on
+  every node (``faults/sources.py``);
 * ConfigMap with the topology (nodes, instances, spares; the image has no stack files);
 * Deployment (one replica, PSS restricted, read-only root, kept off the serving
   nodes when it can be: a node fault must not take the watcher with it) and
   its metrics Service;
 * NetworkPolicies: out to the API server, the proxy pods' port, the instance
   leaders' API ports (recovery checks) and DNS; in, its metrics port from the
-  monitoring namespace; and into the engine leaders' API ports from the watcher.
+  monitoring namespace; and into the engine leaders' API ports from the watcher;
+* with the Prometheus operator, its PodMonitor and the alerting rules of
+  ``fault_alerts.py`` (a fault source failed, the watcher silent).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ascend_runtime.faults import signals
+from ascend_runtime.faults import signals, sources
 from ascend_runtime.faults.topology import Topology
 from ascend_runtime.planner.plan import Plan
 from ascend_runtime.render.objects.common import (
@@ -53,6 +58,7 @@ from ascend_runtime.render.objects.controller import (
     service_account,
     single_deployment,
 )
+from ascend_runtime.render.objects.fault_alerts import alert_rules
 from ascend_runtime.render.objects.network import controller_policies
 
 COMPONENT = "faults"
@@ -105,17 +111,38 @@ def event_rules() -> list[dict[str, Any]]:
     return [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
 
-def event_role_objects(ctx: Context, selector: dict[str, str]) -> list[K8sObject]:
-    """Role and RoleBinding in ``default`` letting the watcher post Node Events there; named after the serving
-    namespace, like the ClusterRole, so two stacks in one cluster keep their own."""
+def pod_rules() -> list[dict[str, Any]]:
+    """The pods of a fault source's namespace (its DaemonSet's pods, selected by label: ``list`` only)."""
+    return [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+
+
+def source_namespaces(plan: Plan) -> list[str]:
+    """Namespaces of the fault sources the stack expects (where the watcher lists their pods)."""
+    return sorted({sources.DAEMONSETS[s].namespace for s in Topology.from_plan(plan).expected_sources})
+
+
+def foreign_role_objects(ctx: Context, selector: dict[str, str], namespace: str,
+                         rules: list[dict[str, Any]]) -> list[K8sObject]:
+    """Role and RoleBinding in another namespace than the serving one, for the watcher's ServiceAccount; named
+    after the serving namespace, like the ClusterRole, so two stacks in one cluster keep their own."""
     name = cluster_role_name(ctx)
-    meta = {**metadata(ctx, name, COMPONENT, selector), "namespace": signals.NODE_EVENT_NAMESPACE}
+    meta = {**metadata(ctx, name, COMPONENT, selector), "namespace": namespace}
     subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": ctx.namespace}]
     return [
-        {"apiVersion": f"{RBAC}/v1", "kind": "Role", "metadata": meta, "rules": event_rules()},
+        {"apiVersion": f"{RBAC}/v1", "kind": "Role", "metadata": meta, "rules": rules},
         {"apiVersion": f"{RBAC}/v1", "kind": "RoleBinding", "metadata": dict(meta),
          "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": name}, "subjects": subject},
     ]
+
+
+def event_role_objects(ctx: Context, selector: dict[str, str]) -> list[K8sObject]:
+    """Role and RoleBinding in ``default`` letting the watcher post Node Events there."""
+    return foreign_role_objects(ctx, selector, signals.NODE_EVENT_NAMESPACE, event_rules())
+
+
+def source_pod_role_objects(ctx: Context, selector: dict[str, str]) -> list[K8sObject]:
+    """Role and RoleBinding ``list`` pods in each expected fault source's namespace (``faults/sources.py``)."""
+    return [o for ns in source_namespaces(ctx.plan) for o in foreign_role_objects(ctx, selector, ns, pod_rules())]
 
 
 def watch_command(ctx: Context) -> list[str]:
@@ -163,10 +190,12 @@ def fault_watcher_objects(plan: Plan, proxy_token: bool, secrets: frozenset[str]
          "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": cluster_role_name(ctx)}, "subjects": subject},
         *role_with_binding(ctx, NAME, COMPONENT, selector, namespace_rules()),
         *event_role_objects(ctx, selector),
+        *source_pod_role_objects(ctx, selector),
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(TOPOLOGY_CONFIGMAP),
          "data": {TOPOLOGY_KEY: json.dumps(topology, indent=2, sort_keys=True) + "\n"}},
         *network_policies(ctx),
         single_deployment(ctx, NAME, COMPONENT, selector, pod_spec),
         metrics_service(ctx, NAME, COMPONENT, selector, METRICS_PORT),
         *controller_monitor(ctx, NAME, COMPONENT, selector),
+        *alert_rules(ctx, NAME, COMPONENT, selector),
     ]
