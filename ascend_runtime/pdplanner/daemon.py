@@ -67,9 +67,13 @@ from ascend_runtime.pdplanner.observe import (
     parse,
     parse_engine_prompts,
 )
+from ascend_runtime.pdplanner.scrape import ScrapeFailed, fetch_metrics
 
 log = logging.getLogger(__name__)
 
+#: seconds for the whole answer of the proxy's /metrics, and of a prefill engine's
+PROXY_SCRAPE_TIMEOUT_S = 10.0
+ENGINE_SCRAPE_TIMEOUT_S = 5.0
 #: cycle records ``PDPlanner.history`` keeps (the newest); no decision reads any of them
 HISTORY_CYCLES = 256
 
@@ -117,6 +121,7 @@ class PlannerMetrics:
                                registry=r)
         self.dry_run = Gauge(p + "dry_run", "1 when the planner only logs and exports", registry=r)
         self.scrape_errors = Counter(p + "scrape_errors", "Failed proxy scrapes", registry=r)
+        self.cycle_errors = Counter(p + "cycle_errors", "Cycles that raised (logged with a traceback)", registry=r)
         self.prefill_groups = Gauge(p + "prefill_groups", "Flexible node groups serving prefill (pd_ratio auto)",
                                     registry=r)
         self.moves = Counter(p + "group_moves", "Flexible group moves by target role and result (ok, abandoned)",
@@ -269,16 +274,16 @@ class PDPlanner:
             m.modelled.labels("tpot").set(r.decode_tpot_s)
 
     async def run_cycle(self, session: aiohttp.ClientSession) -> dict[str, Any] | None:
-        """Scrape the proxy and run one cycle; None when the scrape failed (counted, nothing decided)."""
+        """Scrape the proxy and run one cycle; None when the scrape failed (scrape.py: no answer in time, not
+        200, too large, not UTF-8; observe.parse: not an exposition the planner can read): counted, logged,
+        nothing decided, the forecasts and the last good sample kept for the next cycle."""
         try:
-            async with session.get(self.config.metrics_url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                resp.raise_for_status()
-                text = await resp.text()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            log.warning("scraping %s failed: %s", self.config.metrics_url, exc)
+            text = await fetch_metrics(session, self.config.metrics_url, PROXY_SCRAPE_TIMEOUT_S)
+            snapshot = parse(text, self.clock())
+        except (ScrapeFailed, ValueError) as exc:
+            log.warning("scraping %s failed, no decision this cycle: %s", self.config.metrics_url, exc)
             self.metrics.scrape_errors.inc()
             return None
-        snapshot = parse(text, self.clock())
         if self.engine_urls is not None:
             snapshot.engine_prompts = await self._scrape_engines(session)
         record = self.step(snapshot)
@@ -292,12 +297,10 @@ class PDPlanner:
         assert self.engine_urls is not None
 
         async def one(url: str) -> tuple[str, tuple[float, float] | None]:
-            try:
-                async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                    if resp.status != 200:
-                        return url, None
-                    return url, parse_engine_prompts(await resp.text())
-            except (TimeoutError, aiohttp.ClientError, OSError):
+            try:  # a failed engine scrape leaves that engine out of this interval's prompt length
+                return url, parse_engine_prompts(await fetch_metrics(session, url + "/metrics", ENGINE_SCRAPE_TIMEOUT_S))
+            except (ScrapeFailed, ValueError) as exc:
+                log.info("prefill engine scrape left out of this cycle: %s", exc)
                 return url, None
 
         found = await asyncio.gather(*(one(u) for u in self.engine_urls()))
@@ -319,6 +322,12 @@ class PDPlanner:
         self.current_k = self.mover.prefill_groups()
         self.metrics.prefill_groups.set(self.current_k)
 
+    def _cycle_failed(self, exc: Exception) -> None:
+        """A cycle that raised (a fault of the planner's own, not of a scrape: those are failed samples): logged
+        with its traceback and counted; the loop goes on with the next cycle."""
+        log.error("planner cycle failed; the next cycle runs as planned", exc_info=exc)
+        self.metrics.cycle_errors.inc()
+
     async def _metrics_app(self) -> web.AppRunner | None:
         if self.config.metrics_port is None:
             return None
@@ -331,7 +340,8 @@ class PDPlanner:
         runner = await self._metrics_app()
         try:
             async with aiohttp.ClientSession() as session:
-                await run_every(self.config.interval_s, lambda: self.run_cycle(session), stop, max_cycles)
+                await run_every(self.config.interval_s, lambda: self.run_cycle(session), stop, max_cycles,
+                                on_error=self._cycle_failed)
         finally:
             if self.move_task is not None and not self.move_task.done():
                 log.info("waiting for the group move under way to finish before stopping")

@@ -24,6 +24,7 @@ series but no request in the interval it is None (nothing to learn).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -47,40 +48,71 @@ class Snapshot:
     engine_prompts: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
-def parse(text: str, now: float) -> Snapshot:
-    """Snapshot of a Prometheus text exposition of the proxy."""
-    s = Snapshot(now)
+def _samples(text: str, names: frozenset[str]) -> Iterator[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of every sample of ``text`` (a Prometheus text exposition) named in ``names``;
+    ``ValueError`` naming the sample for text that does not parse or a value that is not a finite number >= 0
+    (every series the planner reads is a count, a sum of non-negative amounts, or a gauge of them)."""
     for fam in text_string_to_metric_families(text):
         for sample in fam.samples:
-            name, labels, value = sample.name, sample.labels, float(sample.value)
-            if name == P + "requests_total":
-                s.requests = (s.requests or 0.0) + value
-            elif name == P + "ttft_seconds_bucket":
-                s.ttft_buckets[float(labels["le"])] = value
-            elif name == P + "itl_seconds_bucket":
-                s.itl_buckets[float(labels["le"])] = value
-            elif name == P + "itl_seconds_count":
-                s.itl_count = value
-            elif name == P + "inflight":
-                s.inflight[labels.get("role", "")] = s.inflight.get(labels.get("role", ""), 0.0) + value
-            elif name == P + "instance_routable":
-                s.routable[labels.get("role", "")] = s.routable.get(labels.get("role", ""), 0) + (1 if value >= 1 else 0)
-            elif name == P + "prompt_tokens_total":
-                s.prompt_tokens_sum = (s.prompt_tokens_sum or 0.0) + value
+            if sample.name not in names:
+                continue
+            value = float(sample.value)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{sample.name}{sample.labels or ''} is {value!r}, not a finite number >= 0")
+            yield sample.name, sample.labels, value
+
+
+def _le(name: str, labels: dict[str, str]) -> float:
+    """The upper bound (seconds) of a histogram bucket sample; ``ValueError`` without a number in ``le``."""
+    try:
+        bound = float(labels["le"])
+    except (KeyError, ValueError):
+        raise ValueError(f"{name}{labels or ''} has no upper bound (le) that is a number") from None
+    if math.isnan(bound):
+        raise ValueError(f"{name}{labels} has no upper bound (le) that is a number")
+    return bound
+
+
+#: the proxy's series :func:`parse` reads
+_PROXY_SERIES = frozenset(P + n for n in ("requests_total", "ttft_seconds_bucket", "itl_seconds_bucket",
+                                          "itl_seconds_count", "inflight", "instance_routable", "prompt_tokens_total"))
+#: the engine's series :func:`parse_engine_prompts` reads
+_ENGINE_SERIES = frozenset(("vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count"))
+
+
+def parse(text: str, now: float) -> Snapshot:
+    """Snapshot of a Prometheus text exposition of the proxy; ``ValueError`` (saying what) for one the
+    planner cannot read: text that does not parse, a value of a series it reads that is not a finite
+    number >= 0, a histogram bucket without a numeric ``le``."""
+    s = Snapshot(now)
+    for name, labels, value in _samples(text, _PROXY_SERIES):
+        if name == P + "requests_total":
+            s.requests = (s.requests or 0.0) + value
+        elif name == P + "ttft_seconds_bucket":
+            s.ttft_buckets[_le(name, labels)] = value
+        elif name == P + "itl_seconds_bucket":
+            s.itl_buckets[_le(name, labels)] = value
+        elif name == P + "itl_seconds_count":
+            s.itl_count = value
+        elif name == P + "inflight":
+            s.inflight[labels.get("role", "")] = s.inflight.get(labels.get("role", ""), 0.0) + value
+        elif name == P + "instance_routable":
+            s.routable[labels.get("role", "")] = s.routable.get(labels.get("role", ""), 0) + (1 if value >= 1 else 0)
+        elif name == P + "prompt_tokens_total":
+            s.prompt_tokens_sum = (s.prompt_tokens_sum or 0.0) + value
     return s
 
 
 def parse_engine_prompts(text: str) -> tuple[float, float] | None:
-    """(sum, count) of ``vllm:request_prompt_tokens`` over every label set of one engine's exposition."""
+    """(sum, count) of ``vllm:request_prompt_tokens`` over every label set of one engine's exposition; None
+    without the series; ``ValueError`` as :func:`parse` for an exposition the planner cannot read."""
     total, count, seen = 0.0, 0.0, False
-    for fam in text_string_to_metric_families(text):
-        for sample in fam.samples:
-            if sample.name == "vllm:request_prompt_tokens_sum":
-                total += float(sample.value)
-                seen = True
-            elif sample.name == "vllm:request_prompt_tokens_count":
-                count += float(sample.value)
-                seen = True
+    for name, _, value in _samples(text, _ENGINE_SERIES):
+        if name == "vllm:request_prompt_tokens_sum":
+            total += value
+        else:
+            count += value
+        seen = True
     return (total, count) if seen else None
 
 
