@@ -87,7 +87,9 @@ class StageConfig(_Strict):
     reserve_gib: float = Field(2.0, ge=0, le=1024, description="Activations and workspace per NPU outside weights and KV (GiB).")
     hccl_buffsize_mb: int | None = Field(
         None, ge=1, le=65536,
-        description="HCCL_BUFFSIZE (MB); default 256 on prefill, 1024 on decode; at most 65536 (the HBM of one NPU, 64 GiB).",
+        description="HCCL_BUFFSIZE (MB); refused below the stage's MC2 dispatch/combine window (`plan` prints it); "
+        "default: that window + 25%, at least 256 on prefill and 1024 on decode (docs/rendering.md); at most 65536 "
+        "(the HBM of one NPU, 64 GiB).",
     )
     graph_mode: bool | None = Field(
         None,
@@ -111,8 +113,10 @@ class StageConfig(_Strict):
         False, description="Overlap the shared expert with routed experts on a second stream."
     )
     micro_batching: bool = Field(False, description="Two-micro-batch compute/communication overlap (vLLM --enable-dbo); refused where the release resets it on Ascend (vLLM-Ascend 0.23.0, vllm_ascend/platform.py).")
-    hccl_intra: Literal["pcie", "roce"] = Field(
-        "pcie", description="HCCL path inside a node: sets HCCL_INTRA_PCIE_ENABLE=1 (pcie) or HCCL_INTRA_ROCE_ENABLE=1 (roce)."
+    hccl_intra: Literal["pcie", "roce"] | None = Field(
+        None, description="HCCL path inside a node: pcie sets HCCL_INTRA_PCIE_ENABLE=1 and HCCL_INTRA_ROCE_ENABLE=0 "
+        "(hierarchical MC2 on A2), roce the reverse; default pcie on atlas-800i-a2, neither variable on cm384 (as the "
+        "vLLM-Ascend 0.23.0 recipes set them)."
     )
     modules: "ModulesConfig" = Field(
         default_factory=lambda: ModulesConfig(),

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ascend_runtime.planner.hccl_buffer import HcclBuffer
     from ascend_runtime.planner.proxy_sizing import ProxyPlan
 
 
@@ -233,6 +234,13 @@ class Plan:
         from ascend_runtime.planner.proxy_sizing import size_proxy
 
         return size_proxy(self)
+
+    @property
+    def hccl_buffers(self) -> "dict[str, HcclBuffer]":
+        """HCCL_BUFFSIZE of each stage (MB) and the MC2 window it holds, by role (planner/hccl_buffer.py)."""
+        from ascend_runtime.planner.hccl_buffer import stage_buffers
+
+        return stage_buffers(self.config)
 
     def to_dict(self) -> dict[str, Any]:
         """The Plan as JSON-ready data (with derived fields such as api_url)."""

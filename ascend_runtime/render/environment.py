@@ -4,7 +4,9 @@ Values come from the Plan: HCCL_IF_IP is the host IP of the rank's node (engine
 pods run with hostNetwork), the socket interface names are the node's NIC from
 the inventory, ASCEND_RT_VISIBLE_DEVICES lists the rank's devices. Engine
 switches are emitted only under the name the targeted release reads
-(:data:`ascend_runtime.engine.releases.RELEASES` ``env_switches``):
+(:data:`ascend_runtime.engine.releases.RELEASES` ``env_switches``). HCCL_BUFFSIZE is the stage's value from
+:mod:`ascend_runtime.planner.hccl_buffer` (its MC2 window + margin, or the stack's, refused below the window);
+the intra-node pair follows :mod:`ascend_runtime.planner.hccl_pair` (PCIE=1 / ROCE=0 on A2, unset on A3).
 
 - MLAPO (``VLLM_ASCEND_ENABLE_MLAPO``, 0.11) 1 on decode, 0 on prefill (W8A8 weights only; it costs memory);
 - FlashComm1 (``VLLM_ASCEND_ENABLE_FLASHCOMM1``) on TP prefill where the release reads it as an env var
@@ -39,6 +41,8 @@ from typing import Any
 
 from ascend_runtime.config.secrets import env_references, plain_env
 from ascend_runtime.engine.surface import load_surface
+from ascend_runtime.planner.hccl_pair import IntraPath, intra_env
+from ascend_runtime.planner.hccl_pair import hccl_intra as stage_intra
 from ascend_runtime.planner.plan import Plan, RankPlan
 from ascend_runtime.render.engine_args import connector, engine_release, fused_mc2_mode
 from ascend_runtime.render.paths import ranktable_path
@@ -59,8 +63,6 @@ V1_SWITCH = "VLLM_USE_V1"
 ENGINE_READY_TIMEOUT = "VLLM_ENGINE_READY_TIMEOUT_S"
 #: Startup budget of an engine when the stack does not set ``kubernetes.startup_probe_seconds`` (s).
 DEFAULT_STARTUP_TIMEOUT_S = 3600
-#: Published defaults (facts file section 2, large-EP recipe): HCCL_BUFFSIZE in MB per stage.
-DEFAULT_BUFFSIZE_MB = {"prefill": 256, "decode": 1024}
 OMP_NUM_THREADS = 10  # the published recipes' value
 #: Variables that always follow the Plan; extra_env cannot change them.
 PINNED = ("HCCL_IF_IP", "VLLM_HOST_IP", "ASCEND_RT_VISIBLE_DEVICES", "HCCL_INTRA_ROCE_ENABLE", "HCCL_INTRA_PCIE_ENABLE")
@@ -77,14 +79,15 @@ def startup_budget_s(plan: Plan) -> int:
 
 
 def hccl_buffsize_mb(plan: Plan, role: str) -> int:
-    """HCCL_BUFFSIZE of a stage: the stage's override, else the published default."""
-    explicit = plan.config[role].get("hccl_buffsize_mb")
-    return int(explicit) if explicit else DEFAULT_BUFFSIZE_MB[role]
+    """HCCL_BUFFSIZE of a stage (MB): the stage's override, else its MC2 window need with the kit's margin
+    (:mod:`ascend_runtime.planner.hccl_buffer`)."""
+    return plan.hccl_buffers[role].value_mb
 
 
-def hccl_intra(plan: Plan, role: str) -> str:
-    """``pcie`` or ``roce``: the HCCL path inside a node for a stage."""
-    return plan.config[role].get("hccl_intra") or "pcie"
+def hccl_intra(plan: Plan, role: str) -> IntraPath | None:
+    """``pcie``, ``roce`` or None (the pair unset, the A3 default): the HCCL path inside a node for a stage
+    (:mod:`ascend_runtime.planner.hccl_pair`)."""
+    return stage_intra(plan.config, role)
 
 
 def moe_switches(plan: Plan, role: str) -> dict[str, str]:
@@ -106,7 +109,6 @@ def moe_switches(plan: Plan, role: str) -> dict[str, str]:
 def rank_env(plan: Plan, rank: RankPlan) -> dict[str, str]:
     """Every environment variable of a rank's engine process, sorted by name."""
     engine = plan.config["engine"]
-    intra = hccl_intra(plan, rank.role)
     env: dict[str, str] = {
         "HCCL_IF_IP": rank.host_ip,
         # vLLM's own address (vllm/utils/network_utils.py get_ip, vLLM 0.23.0): unset, it is the interface of
@@ -120,8 +122,10 @@ def rank_env(plan: Plan, rank: RankPlan) -> dict[str, str]:
         "HCCL_BUFFSIZE": str(hccl_buffsize_mb(plan, rank.role)),
         "HCCL_CONNECT_TIMEOUT": str(engine["hccl_connect_timeout_s"]),
         "HCCL_OP_EXPANSION_MODE": "AIV",
-        "HCCL_INTRA_ROCE_ENABLE": "1" if intra == "roce" else "0",
-        "HCCL_INTRA_PCIE_ENABLE": "1" if intra == "pcie" else "0",
+        # the pair as the release's recipes set it on the hardware: PCIE=1 / ROCE=0 on A2 (DeepSeek-R1.md and
+        # DeepSeek-V3.1.md section 5.2, v0.23.0), neither on A3 (the A3 PD scripts of DeepSeek-V3.1.md section 5.3
+        # and features/pd_disaggregation_mooncake_multi_node.md, v0.23.0); lines cited in planner/hccl_pair.py
+        **intra_env(hccl_intra(plan, rank.role)),
         "OMP_PROC_BIND": "false",
         "OMP_NUM_THREADS": str(OMP_NUM_THREADS),
         "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",

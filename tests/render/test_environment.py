@@ -43,9 +43,7 @@ def test_hccl_basics(plans: dict[str, Plan], stack: str) -> None:
         env = rank_env(plan, rank)
         for key in ("HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"):
             assert env[key] == rank.nic
-        assert [env["HCCL_INTRA_ROCE_ENABLE"], env["HCCL_INTRA_PCIE_ENABLE"]].count("1") == 1
-        assert {env["HCCL_INTRA_ROCE_ENABLE"], env["HCCL_INTRA_PCIE_ENABLE"]} == {"0", "1"}
-        assert env["HCCL_BUFFSIZE"] == ("256" if rank.role == "prefill" else "1024")
+        assert env["HCCL_BUFFSIZE"] == str(plan.hccl_buffers[rank.role].value_mb)  # tests/planner/test_hccl_buffer.py
         assert env["HCCL_CONNECT_TIMEOUT"] == str(plan.config["engine"]["hccl_connect_timeout_s"])
         assert env["HCCL_OP_EXPANSION_MODE"] == "AIV"
         assert env["OMP_PROC_BIND"] == "false" and int(env["OMP_NUM_THREADS"]) > 0
@@ -73,17 +71,42 @@ def test_llmdatadist_env_names_on_0_11(plans: dict[str, Plan], edited_plan) -> N
 
 def test_overrides_buffsize_intra_and_extra_env(edited_plan) -> None:
     def edit(cfg):
-        cfg["decode"].update(hccl_buffsize_mb=600, hccl_intra="roce")
-        cfg["engine"]["extra_env"] = {"HCCL_EXEC_TIMEOUT": "204", "HCCL_IF_IP": "10.0.0.1", "HCCL_OP_EXPANSION_MODE": "HOST"}
+        cfg["decode"].update(hccl_buffsize_mb=1100, hccl_intra="roce")  # full-mesh MC2 window: 1012 MB
+        cfg["engine"]["extra_env"] = {"HCCL_EXEC_TIMEOUT": "204", "HCCL_IF_IP": "10.0.0.1", "HCCL_OP_EXPANSION_MODE": "HOST",
+                                      "HCCL_INTRA_ROCE_ENABLE": "0"}
 
     plan = edited_plan("a2-staging", edit)
     decode = rank_env(plan, plan.by_role("decode")[0].ranks[1])
     prefill = rank_env(plan, plan.by_role("prefill")[0].ranks[0])
-    assert decode["HCCL_BUFFSIZE"] == "600" and prefill["HCCL_BUFFSIZE"] == "256"
+    assert decode["HCCL_BUFFSIZE"] == "1100" and prefill["HCCL_BUFFSIZE"] == "256"
     assert (decode["HCCL_INTRA_ROCE_ENABLE"], decode["HCCL_INTRA_PCIE_ENABLE"]) == ("1", "0")
     assert (prefill["HCCL_INTRA_ROCE_ENABLE"], prefill["HCCL_INTRA_PCIE_ENABLE"]) == ("0", "1")
     assert decode["HCCL_EXEC_TIMEOUT"] == "204" and decode["HCCL_OP_EXPANSION_MODE"] == "HOST"
     assert decode["HCCL_IF_IP"] != "10.0.0.1" and "HCCL_IF_IP" in PINNED
+
+
+def test_hccl_intra_pair_per_hardware_kind(plans: dict[str, Plan], edited_plan) -> None:
+    """The pair as the vLLM-Ascend v0.23.0 recipes set it (planner/hccl_pair.py cites the lines): A2 PCIE=1 /
+    ROCE=0 (the A2 multi-node DP recipes), A3 neither (the A3 PD recipes), so that cm384 stays off the A2
+    hierarchical-MC2 path (vllm_ascend/utils.py is_hierarchical_communication_enabled reads exactly these two).
+    An explicit ``<stage>.hccl_intra`` renders the pair on either kind; extra_env cannot set it."""
+    pair = ("HCCL_INTRA_PCIE_ENABLE", "HCCL_INTRA_ROCE_ENABLE")
+    for stack in ("a2-staging", "local", "kind"):
+        for rank in plans[stack].ranks:
+            env = rank_env(plans[stack], rank)
+            assert (env[pair[0]], env[pair[1]]) == ("1", "0"), (stack, rank.name)
+    for rank in plans["cm384-prod"].ranks:
+        assert not set(pair) & set(rank_env(plans["cm384-prod"], rank)), rank.name
+
+    def edit(cfg):
+        cfg["decode"]["hccl_intra"] = "roce"
+        cfg["engine"]["extra_env"] = {"HCCL_INTRA_PCIE_ENABLE": "1"}
+
+    plan = edited_plan("cm384-prod", edit)
+    decode = rank_env(plan, plan.by_role("decode")[0].ranks[0])
+    prefill = rank_env(plan, plan.by_role("prefill")[0].ranks[0])
+    assert (decode[pair[0]], decode[pair[1]]) == ("0", "1")
+    assert not set(pair) & set(prefill)  # the pinned pair stays unset; extra_env does not reach it
 
 
 def test_eplb_stage_sets_env_on_its_ranks_only(plans: dict[str, Plan]) -> None:

@@ -44,13 +44,14 @@ def plan_table(plan: Plan) -> Table:
 
 
 def summary_lines(plan: Plan) -> list[str]:
-    """One line per role: instances, nodes and NPUs."""
+    """One line per role: instances, nodes and NPUs; HCCL_BUFFSIZE per role with its MC2 window need (MB)."""
     lines = []
     for role in ("prefill", "decode"):
         insts = plan.by_role(role)
         nodes = sum(len(i.ranks) for i in insts)
         npus = sum(i.npus for i in insts)
         lines.append(f"{role}: {len(insts)} instance(s), {npus} NPUs on {nodes} nodes")
+    lines += [buf.describe() for buf in plan.hccl_buffers.values()]  # planner/hccl_buffer.py
     unused = [n.name for n in plan.nodes if n.role is None]
     lines.append(f"unused nodes: {', '.join(unused) if unused else 'none'}")
     lines.append(f"proxy: {plan.proxy_url}")
