@@ -58,6 +58,7 @@ from aiohttp.http import HttpVersion11
 
 from ascend_runtime.proxy.answers import BadAnswer, prefill_answer, usable_event
 from ascend_runtime.proxy.boundedjson import JsonError, load_json
+from ascend_runtime.proxy.batch import BatchServer, batch_prompts
 from ascend_runtime.proxy.config import ProxyConfig
 from ascend_runtime.proxy.errors import (
     error_response,
@@ -154,6 +155,8 @@ class Forwarder:
         #: keep-alive connections of the prefill requests and streamed decodes (relay.py); closed on stop
         self.relay_pool = ConnectionPool(config.connect_timeout_s, idle_ttl_s=config.engine_keepalive_s)
         self._targets: dict[str, tuple[str, int, str, bool]] = {}
+        #: the proxy's own base URL once it listens (server.py): where a batch's prompts are sent (batch.py)
+        self.self_url: str | None = None
 
     # ---------------------------------------------------------------- entry point
     async def handle(self, request: web.Request, path: str) -> web.StreamResponse:
@@ -183,8 +186,12 @@ class Forwarder:
                 resp.headers[REQUEST_ID_HEADER] = client_id
                 outcome, status = "client_error", resp.status
                 return resp
+            prompts = None if path.endswith("/chat/completions") else batch_prompts(req)
             try:
-                resp, outcome = await self._run(request, path, req, body, fields, t0, client_id)
+                if prompts is not None:  # one PD request per prompt, joined into one answer (batch.py)
+                    resp, outcome = await self._batch(request, req, prompts, fields, client_id)
+                else:
+                    resp, outcome = await self._run(request, path, req, body, fields, t0, client_id)
             except Exception:  # a proxy bug: still one answer in the engine's shape, and counted
                 log.exception("request %s: proxy error", client_id)
                 resp, outcome = _json_response(500, "internal proxy error"), "proxy_error"
@@ -198,6 +205,14 @@ class Forwarder:
         finally:
             self.metrics.requested(path, outcome, str(status))
             self.metrics.e2e.observe(time.perf_counter() - t0)
+
+    async def _batch(self, request: web.Request, req: dict[str, Any], prompts: list[Any], fields: Any,
+                     client_id: str) -> tuple[web.StreamResponse, str]:
+        if self.self_url is None:
+            return _json_response(503, "the proxy does not know its own address to split a batch of prompts"), \
+                "no_instance"
+        return await BatchServer(self.session, self.self_url).serve(
+            request, req, prompts, int(req.get("n") or 1), bool(fields.stream), client_id)
 
     async def _read_body(self, request: web.Request) -> tuple[bytes, web.Response | None]:
         """The request body within the limits: (body, None) or (b"", error answer).

@@ -231,6 +231,15 @@ def build_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None,
     return proxy
 
 
+def own_url(host: str, port: int) -> str:
+    """The base URL the proxy reaches itself on: a wildcard listen address is reached on loopback."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 async def start_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = None,
                       group: "WorkerGroup | None" = None, unix_path: str | None = None) -> ProxyHandle:
     """Start the proxy on ``config.host:config.port`` (port 0 = any free port) and return its handle.
@@ -272,6 +281,7 @@ async def start_proxy(config: ProxyConfig, k8s: KubernetesDiscovery | None = Non
     sockets = getattr(site._server, "sockets", None) or []  # noqa: SLF001 - aiohttp has no public accessor
     if sockets:
         port = sockets[0].getsockname()[1]
+    proxy.forwarder.self_url = own_url(config.host, port)
     proxy.health.start()
     if config.install_sighup and proxy.file_discovery is not None:
         fd = proxy.file_discovery

@@ -89,21 +89,6 @@ def _prompt_logprobs_rule(data: dict[str, Any]) -> None:
         raise ParamError("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
 
 
-def _one_prompt_rule(data: dict[str, Any]) -> None:
-    """A completions request carries one prompt: a string, a list of token ids, or a list of one of those.
-
-    vLLM answers a batch of prompts with one ``kv_transfer_params`` for the whole request (the first
-    prompt's: ``CompletionResponse`` in vllm/entrypoints/openai/completion/serving.py, vLLM 0.23.0), so a
-    decode given that answer loads the first prompt's KV for every prompt and the others come back with
-    wrong text. The proxy refuses a batch rather than split it: one request per prompt keeps each PD pair's
-    KV, timing and errors its own, and clients that batch can send the prompts as concurrent requests."""
-    prompt = data.get("prompt")
-    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
-        raise ParamError(f"a list of {len(prompt)} prompts cannot be served through prefill/decode "
-                         "disaggregation (the prefill answer carries the KV of one prompt); send one prompt per "
-                         "request, as concurrent requests", "prompt")
-
-
 class StreamOptions(BaseModel):
     """``StreamOptions`` (vllm/entrypoints/openai/engine/protocol.py)."""
 
@@ -140,7 +125,6 @@ class CompletionFields(_Read):
         if isinstance(data, dict):
             _stream_options_rule(data)
             _prompt_logprobs_rule(data)
-            _one_prompt_rule(data)
         return data
 
 

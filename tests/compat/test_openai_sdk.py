@@ -34,9 +34,9 @@ async def test_completion(client):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_n_with_one_prompt_and_prompt_lists_refused(client, target, stream):
-    """n > 1 answers every choice; through PD a list of several prompts is refused naming ``prompt`` (the
-    prefill answer carries one prompt's KV: proxy/validate.py), where one engine alone serves it."""
+async def test_n_with_one_prompt_and_with_a_list_of_prompts(client, target, stream):
+    """n > 1 answers every choice, for one prompt and for a list of prompts (through PD, one PD request per
+    prompt joined by the proxy: proxy/batch.py), numbered prompt x n + choice, usage summed."""
     kw = {"model": MODEL, "prompt": ["a b c"], "n": 2, "max_tokens": 4}
     if not stream:
         r = await client.completions.create(**kw)
@@ -55,13 +55,18 @@ async def test_n_with_one_prompt_and_prompt_lists_refused(client, target, stream
                 finished.append(c.index)
         assert sorted(texts) == [0, 1] and sorted(finished) == [0, 1]
         assert all(len(t.split()) == 4 for t in texts.values())
-    batch = {**kw, "prompt": ["a b c", "d e"], "stream": stream}
-    if target.kind == "direct":
-        assert (await client.completions.create(**{**batch, "stream": False})).choices[3].index == 3
+    batch = {**kw, "prompt": ["a b c", "d e"]}
+    if not stream:
+        r = await client.completions.create(**batch)
+        assert [c.index for c in r.choices] == [0, 1, 2, 3]
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (5, 16)
         return
-    with pytest.raises(openai.BadRequestError) as refused:
-        await client.completions.create(**batch)
-    assert refused.value.body["param"] == "prompt", refused.value.body
+    chunks = await collect(await client.completions.create(**batch, stream=True,
+                                                           stream_options={"include_usage": True}))
+    indexes = {c.index for ch in chunks for c in ch.choices}
+    assert indexes == {0, 1, 2, 3} and len({ch.id for ch in chunks}) == 1
+    usage = [ch.usage for ch in chunks if not ch.choices]
+    assert len(usage) == 1 and (usage[0].prompt_tokens, usage[0].completion_tokens) == (5, 16), usage
 
 
 async def test_completion_stop(client):

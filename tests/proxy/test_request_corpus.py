@@ -238,9 +238,9 @@ def corpus() -> list[Case]:
         comp(f"prompt={v!r}", {"prompt": v}, 400, BR)
     for v in ("a b", ["a b"], [1, 2, 3], [[1, 2]], "x " * 2000):
         comp(f"prompt={str(v)[:20]!r}", {"prompt": v}, 200, who="ok")
-    # a batch of prompts: one kv_transfer_params per answer, so the proxy refuses it (validate.py)
-    for v in (["a b", "c"], [[1, 2], [3]]):
-        comp(f"prompt={str(v)[:20]!r}", {"prompt": v}, 400, BR, "prompt")
+    # a batch of prompts: one PD request per prompt through the proxy itself, joined (batch.py)
+    for v in (["a b", "c"], [[1, 2], [3]], ["a", "b", "c"]):
+        comp(f"prompt={str(v)[:20]!r}", {"prompt": v}, 200, who=f"ok*{len(v)}")
     comp("prompt=''", {"prompt": ""}, 400, BR, "prompt", who="prefill")
     comp("no prompt", {}, 400, BR, "prompt", who="prefill", base={"max_tokens": 4})
     # messages (read): a list of objects
@@ -266,7 +266,12 @@ def corpus() -> list[Case]:
 
 
 def tally_key(path: str, status: int, who: str) -> tuple[str, str, str]:
-    return (path, "success" if who == "ok" else "client_error", str(status))
+    return (path, "success" if who.startswith("ok") else "client_error", str(status))
+
+
+def pairs(who: str) -> int:
+    """PD pairs a successful case runs: 1, or one per prompt of a batch (``ok*N``, counted N + 1 times)."""
+    return int(who.split("*", 1)[1]) if "*" in who else 1
 
 
 async def requests_total(port: int) -> Counter[tuple[str, str, str]]:
@@ -293,13 +298,13 @@ async def test_malformed_bodies_get_vllm_answers_and_every_outcome_is_counted(st
         seen = (len(p.engine.requests), len(d.engine.requests))
         refusals = {role: len(v) for role, v in refused.items()}
         answer = await exchange(px.port, request(path, raw))
-        expected[tally_key(path, status, who)] += 1
+        expected[tally_key(path, status, who)] += 1 + (pairs(who) if who.startswith("ok*") else 0)
         got_p, got_d = len(p.engine.requests) - seen[0], len(d.engine.requests) - seen[1]
         problem = None
         if answer.status != status:
             problem = f"status {answer.status}, body {answer.body[:300]!r}"
-        elif who == "ok":
-            if (got_p, got_d) != (1, 1):
+        elif who.startswith("ok"):
+            if (got_p, got_d) != (pairs(who), pairs(who)):
                 problem = f"engines saw {got_p} prefill and {got_d} decode requests"
         else:
             err = answer.error()

@@ -9,6 +9,7 @@ import secrets
 import time
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
@@ -32,7 +33,7 @@ def prompt(seed: int, words: int = LONG_WORDS) -> str:
     return f"p{seed} " + " ".join(rng.choices(VOCAB, k=words))
 
 
-def greedy(url: str, text: str, max_tokens: int = 12, **extra) -> dict:
+def greedy(url: str, text: str | list[str], max_tokens: int = 12, **extra) -> dict:
     status, body, _ = http_json("POST", url + "/v1/completions", {
         "model": MODEL_NAME, "prompt": text, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **extra})
     assert status == 200, body
@@ -47,17 +48,25 @@ def test_smoke_passes_on_nixl_pairs_and_names_the_tokens_loaded(real_stack: Real
 
 
 def test_each_prompt_gets_its_own_greedy_text_through_pd(real_stack: RealStack) -> None:
-    """Each prompt through the proxy equals a single instance's greedy answer; a batch is refused naming the
-    field; and decode given another prompt's KV does not reproduce the answer (the equality can fail)."""
+    """Each prompt through the proxy equals a single instance's greedy answer, alone and in a batch of
+    prompts (streamed or not: one PD pair per prompt, joined); and decode given another prompt's KV does
+    not reproduce the answer (the equality can fail)."""
     single = real_stack.url("decode-1")
     prompts = [prompt(i) for i in range(3)]
+    directs = []
     for text in prompts:
         direct = greedy(single, text)["choices"][0]["text"]
         through = greedy(real_stack.proxy, text)["choices"][0]["text"]
         assert through == direct, (text[:40], through, direct)
-    status, body, _ = http_json("POST", real_stack.proxy + "/v1/completions",
-                                {"model": MODEL_NAME, "prompt": prompts, "max_tokens": 4})
-    assert status == 400 and body["error"]["param"] == "prompt" and "one prompt per request" in body["error"]["message"]
+        directs.append(direct)
+    batch = greedy(real_stack.proxy, prompts)
+    assert [c["text"] for c in sorted(batch["choices"], key=lambda c: c["index"])] == directs, batch
+    assert batch["usage"]["completion_tokens"] == 12 * len(prompts), batch["usage"]
+    case = SimpleNamespace(path="/v1/completions", chat=False, body={
+        "model": MODEL_NAME, "prompt": prompts, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+        "stream": True})
+    status, streamed = _texts(real_stack.proxy, case)
+    assert status == 200 and streamed == directs, streamed
     # control: prefill computes prompt 0, decode is asked for prompt 1 with prompt 0's KV
     prefill_url, decode_url = real_stack.url("prefill-0"), real_stack.url("decode-0")
     status, prefilled, _ = http_json("POST", prefill_url + "/v1/completions", build_prefill_request(
