@@ -527,6 +527,17 @@ class PdRatioConfig(_Strict):
 StageConfig.model_rebuild()
 
 
+class SparesConfig(_Strict):
+    """Spare nodes: inventory nodes the Plan leaves unused so that an instance whose node fails moves there
+    (planner/spares.py, docs/faults.md "Recovery onto spares"). Every unused node whose devices are all in
+    service is a spare for either stage; these counts reserve and guarantee some (the Plan is refused without
+    them). On cm384 without ``allow_cross_super_pod`` they count per super pod hosting the stage's instances."""
+
+    prefill: int = Field(0, ge=0, le=1024, description="Spare nodes only prefill instances may move to (per super pod on cm384).")
+    decode: int = Field(0, ge=0, le=1024, description="Spare nodes only decode instances may move to (per super pod on cm384).")
+    shared: int = Field(0, ge=0, le=1024, description="Spare nodes either stage may move to, beyond the per-stage ones (per super pod on cm384).")
+
+
 class StackConfig(_Strict):
     """Everything one stack asks for (the project's Pulumi config namespace)."""
 
@@ -549,6 +560,7 @@ class StackConfig(_Strict):
                                             description="What serves each instance on the local target.")
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig, description="Cluster settings of the Pulumi program.")
     pd_ratio: PdRatioConfig = Field(default_factory=PdRatioConfig, description="Fixed or planner-chosen prefill:decode split over flexible node groups.")
+    spares: SparesConfig = Field(default_factory=SparesConfig, description="Spare nodes kept for moving a faulted instance onto (per stage, shared).")
 
     @field_validator("inventory")
     @classmethod

@@ -7,6 +7,7 @@ the stack files first. Both raise :class:`ConfigError` naming every problem.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from ascend_runtime.config.errors import ConfigError, Problem
 from ascend_runtime.config.loader import load_stack
@@ -17,6 +18,7 @@ from ascend_runtime.planner.engine_rules import check_engine
 from ascend_runtime.planner.flex import check_pd_ratio, place_flex_groups, planned_instances
 from ascend_runtime.planner.hccl_buffer import check_hccl_buffers
 from ascend_runtime.planner.memory import estimate_memory, expert_slots_per_rank
+from ascend_runtime.planner import spares
 from ascend_runtime.planner.placement import place_instances
 from ascend_runtime.planner.plan import (
     FlexGroup,
@@ -33,7 +35,7 @@ from ascend_runtime.planner.validation import (
 )
 from ascend_runtime.planner.versions import connector_dialect, target_release
 
-__all__ = ["Plan", "build_plan", "load_plan"]
+__all__ = ["Plan", "build_plan", "load_plan", "plan_without"]
 
 
 def _nodes_wanted(config) -> int:  # type: ignore[no-untyped-def]
@@ -46,7 +48,34 @@ def _nodes_wanted(config) -> int:  # type: ignore[no-untyped-def]
 
 
 def build_plan(stack: Stack) -> Plan:
-    """The Plan of a loaded stack; raises ConfigError before anything is placed when invalid."""
+    """The Plan of a loaded stack; raises ConfigError before anything is placed when invalid.
+
+    A node with devices out of service hands its ranks to a spare and nothing else moves
+    (:mod:`ascend_runtime.planner.spares`, the rule the fault watcher moves an instance by); when no
+    spare fits, the stages are placed around the node.
+    """
+    if any(n.devices_out_of_service for n in stack.inventory.nodes):
+        try:
+            plan = spares.plan_with_spares(stack, placed_plan)
+        except (spares.NoSpare, ConfigError):
+            return placed_plan(stack)  # placed around the nodes out, or refused naming them
+        hardware = hardware_spec(stack.config.hardware)
+        check_plan_invariants(plan, hardware.has_super_pods and not stack.config.allow_cross_super_pod)
+        return plan
+    return placed_plan(stack)
+
+
+def plan_without(stack: Stack, out: Sequence[str]) -> Plan:
+    """The Plan with the nodes ``out`` taken out of service, in this order: each hands its ranks to a spare
+    (planner/spares.py), nothing else moves; what the fault watcher re-places a faulted instance by.
+    Raises ConfigError, or :class:`~ascend_runtime.planner.spares.NoSpare` when a node finds no spare."""
+    plan = spares.plan_with_spares(spares.with_nodes_out(stack, out), placed_plan, out)
+    check_plan_invariants(plan, spares.confined(plan))
+    return plan
+
+
+def placed_plan(stack: Stack) -> Plan:
+    """The Plan of ``stack`` placed in inventory order (``placement.py``), nodes out of service skipped."""
     config, inventory = stack.config, stack.inventory
     hardware = hardware_spec(config.hardware)
     release = target_release(config.engine.vllm_ascend_version)
@@ -154,9 +183,11 @@ def build_plan(stack: Stack) -> Plan:
         proxy_port=config.ports.proxy,
         secret_keys=stack.secret_keys,
         engine_image=config.engine.image or default_image(release.version, hardware.kind),
+        source_inventory=inventory,
     )
     check_plan_invariants(plan, hardware.has_super_pods and not config.allow_cross_super_pod)
-    return plan
+    spares.check(plan)  # the spare nodes the stack's spares key asks for
+    return spares.with_spare_roles(plan)
 
 
 def check_plan_invariants(plan: Plan, single_super_pod: bool) -> None:

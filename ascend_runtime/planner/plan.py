@@ -12,11 +12,13 @@ Vocabulary:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ascend_runtime.config.inventory import Inventory
     from ascend_runtime.planner.hccl_buffer import HcclBuffer
     from ascend_runtime.planner.proxy_sizing import ProxyPlan
 
@@ -143,7 +145,9 @@ class NodePlan:
     """A node of the inventory and the role the Plan gives it (None: unused).
 
     ``device_count``: devices the inventory lists; ``devices_out_of_service``: their device ids the
-    inventory takes out of service (never placed; ``planner/service.py``), in the JSON only when any.
+    inventory takes out of service (never placed; ``planner/service.py``), in the JSON only when any;
+    ``spare_for``: on a spare (unused, every device in service), what it is kept for, ``prefill``,
+    ``decode`` or ``shared`` (``planner/spares.py``), in the JSON only on spares.
     """
 
     name: str
@@ -154,6 +158,7 @@ class NodePlan:
     role: str | None
     devices_used: int
     devices_out_of_service: tuple[int, ...] = ()
+    spare_for: str | None = None
 
 
 @dataclass(frozen=True)
@@ -193,6 +198,9 @@ class Plan:
     #: ``standby`` the other shape's instances (planned, not started).
     flex_groups: tuple[FlexGroup, ...] = field(default_factory=tuple)
     standby: tuple[InstancePlan, ...] = field(default_factory=tuple)
+    #: The inventory the Plan was placed on (devices of every node, spares included), for re-placing an
+    #: instance onto a spare (planner/spares.py); not part of the Plan's JSON.
+    source_inventory: "Inventory | None" = field(default=None, compare=False, repr=False)
 
     def by_role(self, role: str) -> tuple[InstancePlan, ...]:
         """Instances of one role in ordinal order."""
@@ -244,7 +252,8 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """The Plan as JSON-ready data (with derived fields such as api_url)."""
-        data = asdict(self)
+        data = asdict(dataclasses.replace(self, source_inventory=None))
+        del data["source_inventory"]
         for inst, raw in zip(self.instances, data["instances"]):
             raw["api_url"] = inst.api_url
             raw["memory"]["total_gib"] = inst.memory.total_gib
@@ -260,6 +269,8 @@ class Plan:
         for raw in data["nodes"]:  # a node with every device in service: its JSON is what it was before the key
             if not raw["devices_out_of_service"]:
                 del raw["devices_out_of_service"]
+            if raw["spare_for"] is None:
+                del raw["spare_for"]
         if not self.flex_groups:  # fixed P:D: the Plan's JSON is what it was before flexible groups existed
             del data["flex_groups"], data["standby"]
         data["proxy_url"] = self.proxy_url
