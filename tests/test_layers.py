@@ -76,7 +76,7 @@ def test_layer_does_not_import_upwards(layer: str, forbidden: str) -> None:
 def test_deploy_holds_only_the_pulumi_layer() -> None:
     modules = sorted(m for m in GRAPH if _in("ascend_runtime.deploy", m))
     assert modules == ["ascend_runtime.deploy", "ascend_runtime.deploy.components", "ascend_runtime.deploy.image",
-                       "ascend_runtime.deploy.program"]
+                       "ascend_runtime.deploy.node_labels", "ascend_runtime.deploy.program"]
 
 
 def _cycle_from(start: str) -> list[str] | None:

@@ -35,6 +35,7 @@ from ascend_runtime.planner import load_plan  # noqa: E402
 from ascend_runtime.planner.plan import Plan  # noqa: E402
 from ascend_runtime.render.objects import build_system, deploys_to_kubernetes  # noqa: E402
 from ascend_runtime.render.objects.faults import fault_watcher_objects  # noqa: E402
+from ascend_runtime.render.objects.mindcluster import is_patch  # noqa: E402
 from ascend_runtime.rollout.order import predecessors  # noqa: E402
 
 DOC = ROOT / "docs" / "kubernetes.md"
@@ -59,6 +60,8 @@ def _describe(obj: dict[str, Any]) -> str:
     kind, name = obj["kind"], obj["metadata"]["name"]
     if kind == "LeaderWorkerSet":
         return f"LeaderWorkerSet {name} (size {obj['spec']['leaderWorkerTemplate']['size']})"
+    if is_patch(obj):  # a patch of an object the kit does not own (render/objects/mindcluster.py)
+        return f"{kind}Patch {obj['metadata']['namespace']}/{name} (tolerations)"
     return f"{kind} {name}"
 
 

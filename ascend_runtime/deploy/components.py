@@ -19,6 +19,7 @@ from ascend_runtime.config.errors import ConfigError, Problem
 from ascend_runtime.config.runtime_image import configured_reference
 from ascend_runtime.config.secrets import set_secret_command
 from ascend_runtime.deploy.image import build_runtime_image, pinned_image, with_image
+from ascend_runtime.deploy.node_labels import checked_node_patch
 from ascend_runtime.planner.plan import InstancePlan, Plan
 from ascend_runtime.render.environment import secret_env_references
 from ascend_runtime.render.objects import K8sObject, SystemObjects
@@ -34,6 +35,7 @@ from ascend_runtime.render.objects.faults import (
     fault_watcher_objects,
 )
 from ascend_runtime.render.objects.lws import RELEASE as LWS_RELEASE
+from ascend_runtime.render.objects.mindcluster import is_patch
 from ascend_runtime.rollout.order import predecessors
 
 #: Label of a flexible group's engine objects (render/objects/engine.py); their replicas are the planner's.
@@ -59,6 +61,10 @@ RESOURCE_CLASSES: dict[tuple[str, str], type[pulumi.CustomResource]] = {
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): k8s.rbac.v1.ClusterRole,
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): k8s.rbac.v1.ClusterRoleBinding,
     ("node.k8s.io/v1", "RuntimeClass"): k8s.node.v1.RuntimeClass,
+}
+#: (apiVersion, kind) -> Pulumi Patch resource of an object the kit patches but does not own (mindcluster.py).
+PATCH_CLASSES: dict[tuple[str, str], type[pulumi.CustomResource]] = {
+    ("apps/v1", "DaemonSet"): k8s.apps.v1.DaemonSetPatch,
 }
 WORKLOAD_KINDS = ("Deployment", "DaemonSet", "LeaderWorkerSet")
 
@@ -111,7 +117,7 @@ def register(obj: K8sObject, opts: pulumi.ResourceOptions) -> pulumi.CustomResou
     """Wrap one object dict in its typed pulumi_kubernetes resource."""
     api_version, kind = obj["apiVersion"], obj["kind"]
     body = {_snake(k): v for k, v in secret_inputs(obj).items()}
-    cls = RESOURCE_CLASSES.get((api_version, kind))
+    cls = (PATCH_CLASSES if is_patch(obj) else RESOURCE_CLASSES).get((api_version, kind))
     if cls is None:
         if "." not in api_version.split("/")[0]:
             raise KeyError(f"no resource class for {api_version} {kind}")
@@ -140,6 +146,7 @@ class _ObjectsComponent(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ObjectsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(f"{TYPE_PREFIX}:{self.type_name}", name, None, opts)
+        self.args = args
         self.depends_on: list[pulumi.Resource] = list(args.depends_on)
         self.resources: list[pulumi.CustomResource] = []
         self.workloads: list[pulumi.CustomResource] = []
@@ -148,7 +155,7 @@ class _ObjectsComponent(pulumi.ComponentResource):
             is_workload = obj["kind"] in WORKLOAD_KINDS or obj["kind"] == "Job"
             deps = [*args.depends_on, *(support if is_workload else [])]
             extra = self.extra_options(obj)
-            res = register(obj, _child(self, deps, **extra))
+            res = register(self.prepared(obj), _child(self, deps, **extra))
             self.resources.append(res)
             (self.workloads if is_workload else support).append(res)
         self.register_outputs({"objects": len(self.resources)})
@@ -157,17 +164,24 @@ class _ObjectsComponent(pulumi.ComponentResource):
         """Per-object resource options (none by default)."""
         return {}
 
+    def prepared(self, obj: K8sObject) -> K8sObject:
+        """The object as registered (itself by default; inputs may become Outputs that wait for a check)."""
+        return obj
+
 
 @dataclass
 class ClusterPrepArgs(ObjectsArgs):
-    """The cluster objects and what the engines need of the LeaderWorkerSet controller (``lws_prerequisite``)."""
+    """The cluster objects, what the engines need of the LeaderWorkerSet controller (``lws_prerequisite``), and
+    the Plan whose nodes' super pod labels are read before their patches apply (``node_labels.py``)."""
 
     lws: str | None = None
+    plan: Plan | None = None
 
 
 class ClusterPrep(_ObjectsComponent):
-    """Namespace, RuntimeClass, device plugin, secrets, node labels (NodePatch; no taints: cluster.py
-    ``node_patch``) and the LeaderWorkerSet prerequisite.
+    """Namespace, RuntimeClass, device plugin, the MindCluster DaemonSets' tolerations (DaemonSetPatch:
+    mindcluster.py), secrets, node labels (NodePatch; no taints: cluster.py ``node_patch``; on A3 each waits for
+    the read of the device plugin's super pod label, node_labels.py) and the LeaderWorkerSet prerequisite.
 
     ``lws == "check"``: reads the pinned CRD (``CustomResourceDefinition.get``), so ``pulumi preview``/``up``
     fails before creating anything when the cluster lacks the controller; ``"install"``: applies the pinned
@@ -176,6 +190,12 @@ class ClusterPrep(_ObjectsComponent):
     """
 
     type_name = "ClusterPrep"
+
+    def prepared(self, obj: K8sObject) -> K8sObject:
+        plan = getattr(self.args, "plan", None)
+        if obj["kind"] == "Node" and plan is not None:
+            return checked_node_patch(obj, plan, self)
+        return obj
 
     def __init__(self, name: str, args: ObjectsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(name, args, opts)
@@ -287,7 +307,7 @@ class ServingSystem(pulumi.ComponentResource):
         objs = replace(args.objects, **{f.name: with_image(getattr(args.objects, f.name), configured, self.image_ref)
                                         for f in fields(args.objects)})
         self.cluster = ClusterPrep("cluster", ClusterPrepArgs(objs.cluster + objs.node_patches,
-                                                              lws=lws_prerequisite(args.plan)), child)
+                                                              lws=lws_prerequisite(args.plan), plan=args.plan), child)
         base = [self.cluster]
         # one instance of a role at a time: each waits for the previous one of its role (the order of
         # `ascend-deploy rollout`), so an image change replaces them one after another (docs/rollout.md)

@@ -66,10 +66,12 @@ class Registered:
 
 
 class RecordingMocks(pulumi.runtime.Mocks):
-    """Mocks that record every resource and echo its inputs as its state."""
+    """Mocks that record every resource and echo its inputs as its state; a read (``Resource.get``) answers
+    ``read_states[(type token, id)]`` when given (the live object), else nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_states: dict[tuple[str, str], dict[str, Any]] | None = None) -> None:
         self.resources: list[Registered] = []
+        self.read_states = dict(read_states or {})
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         # the mock monitor passes a read's id (Resource.get) as resource_id, with custom unset
@@ -77,6 +79,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.resources.append(Registered(args.typ, args.name, dict(args.inputs), bool(args.custom), read_id))
         if args.typ == IMAGE_TYPE:  # the provider's output after a push: the manifest's digest
             return args.name + "_id", {**args.inputs, "digest": mock_digest(args.name)}
+        if read_id is not None and (args.typ, read_id) in self.read_states:
+            return read_id, self.read_states[(args.typ, read_id)]
         return (read_id or args.name + "_id"), args.inputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
@@ -121,10 +125,12 @@ class Run:
 
 
 def run_stack(stack: str, config: dict[str, str] | None = None, secret_keys: list[str] | None = None,
-              registry_credentials: bool = True) -> Run:
+              registry_credentials: bool = True,
+              read_states: dict[tuple[str, str], dict[str, Any]] | None = None) -> Run:
     """Run __main__.py for ``stack`` under mocks; returns what it registered (and any error).
 
-    ``registry_credentials``: the stack's Pulumi config has :data:`REGISTRY_CREDENTIALS` (secrets) too.
+    ``registry_credentials``: the stack's Pulumi config has :data:`REGISTRY_CREDENTIALS` (secrets) too;
+    ``read_states``: what reads of existing objects answer (:class:`RecordingMocks`).
     """
     if registry_credentials:
         config = {**REGISTRY_CREDENTIALS, **(config or {})}
@@ -132,7 +138,7 @@ def run_stack(stack: str, config: dict[str, str] | None = None, secret_keys: lis
     # pytest-asyncio tests close their loops; Pulumi's runtime needs a current one.
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    mocks = RecordingMocks()
+    mocks = RecordingMocks(read_states)
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
     pulumi_config.set_all_config(dict(config or {}), list(secret_keys or []))
     exports: dict[str, Any] = {}
@@ -154,6 +160,8 @@ def run_stack(stack: str, config: dict[str, str] | None = None, secret_keys: lis
     pulumi.export = export  # type: ignore[assignment]
     try:
         program()
+    except Exception as exc:  # noqa: BLE001 - a registration that failed after the program returned (an Output's check)
+        result.error = result.error or exc
     finally:
         pulumi.export = original_export  # type: ignore[assignment]
         pulumi_config.set_all_config({}, [])

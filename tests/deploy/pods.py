@@ -1,9 +1,12 @@
 """The pods the kit's workloads create, from the registered objects (Deployments, Jobs, DaemonSets and the
-leader/worker templates of LeaderWorkerSets)."""
+leader/worker templates of LeaderWorkerSets). A patch of a DaemonSet the kit does not own (its tolerations,
+render/objects/mindcluster.py) makes no pods of the kit's and is no workload here."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from ascend_runtime.render.objects.mindcluster import is_patch
 
 POD_OWNERS = ("Deployment", "Job", "DaemonSet", "StatefulSet")
 LWS_KIND = "LeaderWorkerSet"
@@ -31,6 +34,8 @@ def workload_objects(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     (``<lws>-leader``, ``<lws>-worker``) carrying its labels, so kubernetes-validate checks the templates."""
     out: list[dict[str, Any]] = []
     for o in objs:
+        if is_patch(o):
+            continue
         if o["kind"] in POD_OWNERS or o["kind"] == "Pod":
             out.append(o)
         elif o["kind"] == LWS_KIND:
@@ -53,7 +58,7 @@ def pods_by_rank(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     worker index ``k`` (0: the leader template, 1..size-1: the worker template, as the controller creates them)."""
     out: dict[str, dict[str, Any]] = {}
     for o in objs:
-        if o["kind"] in POD_OWNERS:
+        if o["kind"] in POD_OWNERS and not is_patch(o):
             out[o["metadata"]["name"]] = o["spec"]["template"]
         elif o["kind"] == LWS_KIND:
             leader, worker = lws_templates(o)

@@ -22,6 +22,7 @@ from ascend_runtime.config.stack import DevicePluginConfig
 from ascend_runtime.planner import load_plan
 from ascend_runtime.render.manifests import manifest_files
 from ascend_runtime.render.objects.device_plugin import KIT_IMAGE_PULL_POLICY, RELEASE
+from ascend_runtime.render.objects.mindcluster import is_patch
 
 from .conftest import stack_run
 from .harness import ROOT, Run, run_stack
@@ -216,11 +217,12 @@ def _stacks_with_install(tmp_path: Path, install: bool) -> Path:
 
 
 def _registered_plugin(run: Run) -> dict[str, dict[str, Any]]:
-    """Pulumi type token -> inputs of the device plugin resources the program registered."""
+    """Pulumi type token -> inputs of the device plugin resources the program registered (not the tolerations
+    patch of MindCluster's own plugin, render/objects/mindcluster.py)."""
     assert run.error is None, run.error
     names = {f"kube-system/{RELEASE.service_account}", RELEASE.cluster_role, RELEASE.cluster_role_binding,
              f"kube-system/{RELEASE.daemonset}"}
-    return {r.typ: r.inputs for r in run.resources if r.name in names}
+    return {r.typ: r.inputs for r in run.resources if r.name in names and not r.typ.endswith("Patch")}
 
 
 def test_program_registers_rbac_when_installed() -> None:
@@ -244,7 +246,10 @@ def test_program_registers_no_device_plugin_when_not_installed(tmp_path: Path, m
     monkeypatch.setenv("ASCEND_DEPLOY_STACKS", str(_stacks_with_install(tmp_path, False)))
     run = run_stack(STACK)
     assert _registered_plugin(run) == {}
-    assert not [o for o in run.k8s_objects if o["kind"] in (*RBAC_KINDS[1:], "DaemonSet")]
+    assert not [o for o in run.k8s_objects if o["kind"] in (*RBAC_KINDS[1:], "DaemonSet") and not is_patch(o)]
+    # MindCluster's own plugin, which then runs, only gets the serving taint's toleration patched in
+    (patch,) = [o for o in run.k8s_objects if is_patch(o) and o["metadata"]["name"] == RELEASE.daemonset]
+    assert set(patch["spec"]["template"]["spec"]) == {"tolerations"}
     assert not [o for o in run.k8s_objects if o["kind"] == "ServiceAccount" and o["metadata"].get("namespace") == "kube-system"]
     assert not _plugin_objects(run)
     monkeypatch.setenv("ASCEND_DEPLOY_STACKS", str(_stacks_with_install(tmp_path / "on", True)))

@@ -1,7 +1,11 @@
-"""Cluster preparation: namespace, node labels, the serving taint's commands, device plugin, RuntimeClass, secrets."""
+"""Cluster preparation: namespace, node labels, the serving taint's commands, device plugin, the fault sources'
+tolerations patches, RuntimeClass, secrets."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from ascend_runtime.config.errors import Problem
 from ascend_runtime.planner.plan import NodePlan, Plan
 from ascend_runtime.render.objects.common import (
     IMAGE_PULL_SECRET,
@@ -24,10 +28,14 @@ from ascend_runtime.render.objects.device_plugin import (
     device_plugin_objects,
 )
 from ascend_runtime.render.objects.lws import deploys_as_lws
+from ascend_runtime.render.objects.mindcluster import toleration_patches
 
 ACCELERATOR_TYPES = {"atlas-800i-a2": "module-910b-8", "cm384": "module-a3-16-super-pod"}
-#: Node label of the super pod an A3 node belongs to (MindCluster's topology label; the NodePatches set it
-#: from the inventory's ``super_pod_id``). Multi-node engine groups stay inside one (engine.py).
+#: Node label of the super pod an A3 node belongs to. One writer: MindCluster's device plugin sets it from the
+#: hardware when it starts (``TopoLabelSuperPodId`` in ``component/ascend-common/devmanager/common/constants.go``,
+#: written by ``addTopologyLabel`` in ``component/ascend-device-plugin/pkg/server/manager.go`` for Ascend910A3,
+#: MindCluster v26.1.0). The kit only reads it and refuses an inventory that disagrees
+#: (:func:`super_pod_label_problem`); multi-node engine groups stay inside one super pod by it (engine.py).
 SUPER_POD_LABEL = "huawei.com/topotree.superpodid"
 DEVICE_PLUGIN_NAMESPACE = DEVICE_PLUGIN_RELEASE.namespace
 
@@ -45,8 +53,6 @@ def node_labels(ctx: Context, node: NodePlan) -> dict[str, str]:
     }
     if ctx.plan.hardware == "atlas-800i-a2":
         labels["server-usage"] = "infer"
-    if node.super_pod_id is not None:
-        labels[SUPER_POD_LABEL] = str(node.super_pod_id)
     if node.role:
         labels[LABEL_SERVING_ROLE] = node.role
     if ctx.k8s["device_plugin"]["install"]:
@@ -70,6 +76,24 @@ def node_patch(ctx: Context, node: NodePlan) -> K8sObject:
         "kind": "Node",
         "metadata": {"name": node.name, "labels": node_labels(ctx, node)},
     }
+
+
+def super_pod_label_problem(stack: str, index: int, node: NodePlan, labels: Mapping[str, str] | None) -> Problem | None:
+    """The refusal when the live Node's :data:`SUPER_POD_LABEL` (the device plugin's) names another super pod
+    than the inventory; None when they agree, the node has no super pod, or the label is not there yet (the
+    plugin writes it when it starts; engine pods wait for it through their affinity). ``index``: the node's
+    place in the inventory (``plan.nodes`` keeps its order)."""
+    value = (labels or {}).get(SUPER_POD_LABEL)
+    if node.super_pod_id is None or value is None or value == str(node.super_pod_id):
+        return None
+    return Problem(
+        f"inventory.nodes[{index}].devices[*].super_pod_id",
+        f"node {node.name} is in super pod {value} by its label {SUPER_POD_LABEL}={value} (written by the device "
+        f"plugin from the hardware), but in super pod {node.super_pod_id} by the inventory",
+        node.super_pod_id,
+        f"re-run the facts playbook on it (`ascend-deploy playbook run facts --stack {stack} --limit {node.name}`) or set "
+        f"its devices' super_pod_id to {value}; the kit never writes this label",
+    )
 
 
 def serving_taint_commands(ctx: Context) -> list[list[str]]:
@@ -148,6 +172,7 @@ def secrets(ctx: Context) -> list[K8sObject]:
 
 
 def cluster_objects(ctx: Context) -> list[K8sObject]:
-    """Namespace, RuntimeClass, device plugin and secrets (node patches are separate)."""
+    """Namespace, RuntimeClass, device plugin, MindCluster's DaemonSets' tolerations patches (mindcluster.py) and
+    secrets (node patches are separate)."""
     rc = runtime_class(ctx)
-    return [namespace(ctx), *([rc] if rc else []), *device_plugin(ctx), *secrets(ctx)]
+    return [namespace(ctx), *([rc] if rc else []), *device_plugin(ctx), *toleration_patches(ctx), *secrets(ctx)]
