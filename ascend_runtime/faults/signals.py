@@ -38,9 +38,9 @@ manifest pins: ``ascend_runtime/render/objects/device_plugin.py``), except the N
    ``ManuallySeparateNPU`` (``DeviceInfoCMManuallySeparateNPUKey``): chips an escalation
    isolated. Documented in ``docs/en/scheduling/api/ascend_device_plugin.md``. The plugin
    checks the devices every ``-listWatchPeriod`` seconds (default 5, range 3-1800, ``main.go``) and
-   rewrites the ConfigMap when its content changed, otherwise at most every 5 minutes
-   (``defaultUpdateTimeInterval``, ``pkg/device/ascendcommon.go``); the watcher reads the content, not
-   ``UpdateTime``.
+   rewrites the ConfigMap when its content changed, otherwise once the last write is 5 minutes old
+   (``defaultUpdateTimeInterval``, ``pkg/device/ascendcommon.go``); faults are read from the content, and
+   ``UpdateTime`` tells whether the plugin still writes (``faults/sources.py``).
 
 2. **NodeD, per node**: ConfigMap ``mindx-dl-nodeinfo-<node>`` in ``mindx-dl``
    (``component/noded/pkg/common/constants.go`` ``NodeInfoCMNamePrefix``;
