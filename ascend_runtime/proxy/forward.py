@@ -89,6 +89,7 @@ from ascend_runtime.proxy.pd import (
     stream_output_state,
 )
 from ascend_runtime.proxy.pool import InstancePool, InstanceState, NoInstanceError
+from ascend_runtime.proxy.prompt_logprobs import needs_prompt_logprobs, serve_on_prefill
 from ascend_runtime.proxy.relay import (
     ConnectionPool,
     DecodeConnection,
@@ -190,6 +191,10 @@ class Forwarder:
             try:
                 if prompts is not None:  # one PD request per prompt, joined into one answer (batch.py)
                     resp, outcome = await self._batch(request, req, prompts, fields, client_id)
+                elif needs_prompt_logprobs(req, path.endswith("/chat/completions")):  # decode cannot give them
+                    resp, outcome = await serve_on_prefill(
+                        request, path, body, self._headers(request, new_request_id(), client_id), self.pool,
+                        self.session, self.cfg.max_attempts, client_id)
                 else:
                     resp, outcome = await self._run(request, path, req, body, fields, t0, client_id)
             except Exception:  # a proxy bug: still one answer in the engine's shape, and counted

@@ -72,6 +72,8 @@ class StubEngine:
     #: sent as the 200 body of GET /metrics and GET /v1/models instead of the usual answer (bytes as they are)
     metrics_raw: bytes | None = None
     models_raw: bytes | None = None
+    #: a prefill stub answers a plain request (no kv_transfer_params) as a whole engine does, instead of 400
+    plain_requests: bool = False
     #: the context limit /v1/models reports (vLLM's ModelCard.max_model_len); None: the key is left out
     max_model_len: int | None = None
     faults: Faults = field(default_factory=Faults)
@@ -158,6 +160,10 @@ class StubEngine:
                                          headers=self._hdr())
             chat = request.path.endswith("/chat/completions")
             if self.role == "prefill":
+                if self.plain_requests and not (req.get("kv_transfer_params") or {}).get("do_remote_decode"):
+                    # answered as a whole engine would: generated here, no KV handed over
+                    return await self._decode_answer(request, {**req, "kv_transfer_params": {"do_remote_prefill": True}},
+                                                     chat)
                 return self._prefill_answer(req, chat)
             return await self._decode_answer(request, req, chat)
         except asyncio.CancelledError:
