@@ -16,6 +16,9 @@ one JSON patch through the ``kubernetes`` client:
   its group (``rolloutStrategy`` ``maxUnavailable: 1``, ``maxSurge: 0``: the old group goes, the
   new one starts on the same nodes).
 
+The same driver recreates an instance elsewhere for the fault watcher (``faults/spares_kube.py``): there the
+patch of each object is another (:data:`Patcher`), and the instance's ConfigMaps are patched too.
+
 Ready (:func:`group_ready`): the controller has observed the new generation
 (``status.observedGeneration``, in both the LeaderWorkerSet v0.10.0 status and apps/v1), and
 every replica is updated and ready (LeaderWorkerSet: ``updatedReplicas`` = ``readyReplicas`` =
@@ -37,6 +40,7 @@ from ascend_runtime.config.runtime_image import simulator_image
 from ascend_runtime.planner.plan import Plan
 from ascend_runtime.render.objects.engine import api_service_name
 from ascend_runtime.render.objects.lws import RELEASE as LWS_RELEASE
+from ascend_runtime.rollout.jsonpatch import Op, escape
 from ascend_runtime.rollout.order import Target
 from ascend_runtime.rollout.steps import ReplaceError
 
@@ -50,6 +54,8 @@ TEMPLATES = {
     "LeaderWorkerSet": ("/spec/leaderWorkerTemplate/leaderTemplate", "/spec/leaderWorkerTemplate/workerTemplate"),
     "Deployment": ("/spec/template",),
 }
+#: Kinds the driver patches besides workloads (no pod template, nothing to wait for).
+CONFIG_KINDS = ("ConfigMap",)
 
 
 @dataclass(frozen=True)
@@ -83,10 +89,6 @@ def _pointer(obj: dict[str, Any], path: str) -> Any:
     return node
 
 
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
 def image_patch(obj: dict[str, Any], kind: str, image: str, stamp: str) -> list[dict[str, Any]]:
     """The JSON patch setting ``image`` on the engine container of every pod template of ``obj``."""
     ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
@@ -107,12 +109,24 @@ def image_patch(obj: dict[str, Any], kind: str, image: str, stamp: str) -> list[
         elif "annotations" not in meta or meta["annotations"] is None:
             ops.append({"op": "add", "path": f"{path}/metadata/annotations", "value": {RESTARTED_AT: stamp}})
         else:
-            ops.append({"op": "add", "path": f"{path}/metadata/annotations/{_escape(RESTARTED_AT)}", "value": stamp})
+            ops.append({"op": "add", "path": f"{path}/metadata/annotations/{escape(RESTARTED_AT)}", "value": stamp})
     return ops
 
 
+#: Builds the JSON patch of one object: (the object as read, its workload, a UTC time stamp) -> ops.
+Patcher = Callable[[dict[str, Any], Workload, str], list[Op]]
+
+
+def image_patcher(image: str) -> Patcher:
+    """The rollout's patch: :func:`image_patch` to ``image``."""
+    return lambda obj, w, stamp: image_patch(obj, w.kind, image, stamp)
+
+
 def group_ready(obj: dict[str, Any], kind: str) -> tuple[bool, str]:
-    """(ready, progress text) of a workload as its controller reports it (see the module doc)."""
+    """(ready, progress text) of a workload as its controller reports it (see the module doc); a ConfigMap
+    is ready once written."""
+    if kind in CONFIG_KINDS:
+        return True, "data written"
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     want = int(spec.get("replicas", 1))
     observed = int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
@@ -129,17 +143,22 @@ def group_ready(obj: dict[str, Any], kind: str) -> tuple[bool, str]:
 
 
 class KubeWorkloads:
-    """GET and JSON-PATCH of LeaderWorkerSets and Deployments through a ``kubernetes.client.ApiClient`` (blocking)."""
+    """GET and JSON-PATCH of LeaderWorkerSets, Deployments and ConfigMaps through a ``kubernetes.client.ApiClient``
+    (blocking); ``field_manager`` names the writer in ``managedFields``."""
 
-    def __init__(self, api_client: Any, timeout_s: float = 10.0) -> None:
+    def __init__(self, api_client: Any, timeout_s: float = 10.0, field_manager: str = "ascend-deploy-rollout") -> None:
         from kubernetes import client  # noqa: PLC0415 - only the Kubernetes path needs it
 
         self.apps = client.AppsV1Api(api_client)
+        self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
-        self.timeout_s = timeout_s
+        self.timeout_s, self.field_manager = timeout_s, field_manager
 
     def get(self, w: Workload) -> dict[str, Any]:
-        if w.kind == "LeaderWorkerSet":
+        if w.kind == "ConfigMap":
+            resp = self.core.read_namespaced_config_map(w.name, w.namespace, _preload_content=False,
+                                                        _request_timeout=self.timeout_s)
+        elif w.kind == "LeaderWorkerSet":
             resp = self.custom.get_namespaced_custom_object(LWS_GROUP, LWS_VERSION, w.namespace, LWS_PLURAL, w.name,
                                                             _preload_content=False, _request_timeout=self.timeout_s)
         else:
@@ -148,15 +167,15 @@ class KubeWorkloads:
         return json.loads(resp.data)
 
     def patch(self, w: Workload, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        if w.kind == "LeaderWorkerSet":
+        call = dict(field_manager=self.field_manager, _content_type=JSON_PATCH, _preload_content=False,
+                    _request_timeout=self.timeout_s)
+        if w.kind == "ConfigMap":
+            resp = self.core.patch_namespaced_config_map(w.name, w.namespace, ops, **call)
+        elif w.kind == "LeaderWorkerSet":
             resp = self.custom.patch_namespaced_custom_object(LWS_GROUP, LWS_VERSION, w.namespace, LWS_PLURAL, w.name,
-                                                              ops, field_manager="ascend-deploy-rollout",
-                                                              _content_type=JSON_PATCH, _preload_content=False,
-                                                              _request_timeout=self.timeout_s)
+                                                              ops, **call)
         else:
-            resp = self.apps.patch_namespaced_deployment(w.name, w.namespace, ops, field_manager="ascend-deploy-rollout",
-                                                         _content_type=JSON_PATCH, _preload_content=False,
-                                                         _request_timeout=self.timeout_s)
+            resp = self.apps.patch_namespaced_deployment(w.name, w.namespace, ops, **call)
         return json.loads(resp.data)
 
 
@@ -171,19 +190,25 @@ def _api_message(exc: Exception) -> str:
 
 
 class KubeDriver:
-    """Patches an instance's workloads to ``image`` and waits (``ready_timeout_s``) for their groups."""
+    """Patches an instance's objects, in the order given, and waits (``ready_timeout_s``) for their groups.
+
+    The patch is the rollout's image change (``image``) unless ``patcher`` builds another; ``what`` says
+    what it does for :meth:`describe`.
+    """
 
     kind = "kubernetes"
 
-    def __init__(self, api: KubeWorkloads, workloads: dict[str, list[Workload]], image: str,
+    def __init__(self, api: KubeWorkloads, workloads: dict[str, list[Workload]], image: str = "",
                  ready_timeout_s: float = 1800.0, poll_s: float = 2.0, say: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, patcher: Patcher | None = None, what: str = "") -> None:
         self.api, self.workloads, self.image = api, workloads, image
+        self.patcher = patcher or image_patcher(image)
+        self.what = what or f"(container {ENGINE_CONTAINER}) to image {image}"
         self.ready_timeout_s, self.poll_s, self.say, self.clock = ready_timeout_s, poll_s, say, clock
 
     def describe(self, target: Target) -> str:
         names = ", ".join(str(w) for w in self.workloads.get(target.name, [])) or "no workload"
-        return f"patch {names} (container {ENGINE_CONTAINER}) to image {self.image}, wait until ready"
+        return f"patch {names} {self.what}, wait until ready"
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -194,7 +219,9 @@ class KubeDriver:
     async def _patch(self, w: Workload, stamp: str) -> None:
         for attempt in (1, 2):
             obj = await self._call(self.api.get, w)
-            ops = image_patch(obj, w.kind, self.image, stamp)
+            ops = self.patcher(obj, w, stamp)
+            if len(ops) <= 1:  # only the resourceVersion test: nothing changes
+                return
             try:
                 await asyncio.to_thread(self.api.patch, w, ops)
                 return
@@ -216,7 +243,8 @@ class KubeDriver:
             states = [(w, *group_ready(await self._call(self.api.get, w), w.kind)) for w in workloads]
             text = "; ".join(f"{w}: {detail}" for w, _, detail in states)
             if all(ok for _, ok, _ in states):
-                return f"{text} (image {self.image}, {self.clock() - start:.1f} s)"
+                done = f"image {self.image}" if self.image else self.what
+                return f"{text} ({done}, {self.clock() - start:.1f} s)"
             if self.clock() - start >= self.ready_timeout_s:
                 raise ReplaceError(f"not ready after {self.ready_timeout_s:g} s (--ready-timeout-s): {text}")
             if self.say is not None and text != last:

@@ -94,13 +94,17 @@ class FakeKubernetesApi:
     # ---- server -------------------------------------------------------------------------
     async def start(self) -> str:
         app = web.Application(middlewares=[self._middleware])
+        self.add_routes(app)
+        self._runner, self.url = await serve_on_loopback(app)
+        return self.url
+
+    def add_routes(self, app: web.Application) -> None:
+        """The routes this double answers."""
         app.router.add_get("/api/v1/nodes/{name}", self._get_node)
         app.router.add_get("/api/v1/namespaces/{ns}/configmaps/{name}", self._get_configmap)
         app.router.add_get("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", self._list_slices)
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self._list_pods)
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._create_event)
-        self._runner, self.url = await serve_on_loopback(app)
-        return self.url
 
     async def stop(self) -> None:
         if self._runner is not None:

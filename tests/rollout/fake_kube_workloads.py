@@ -3,7 +3,8 @@
 It serves what the rollout's Kubernetes driver calls, over real HTTP, to the real ``kubernetes``
 client:
 
-* ``GET`` and ``PATCH`` (``application/json-patch+json`` only; 415 otherwise) of
+* ``GET`` and ``PATCH`` (``application/json-patch+json`` only: ``test``, ``replace``, ``add``, ``remove``;
+  415 otherwise) of
   ``/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/leaderworkersets/{name}`` and
   ``/apis/apps/v1/namespaces/{ns}/deployments/{name}``;
 * a JSON patch is applied op by op (``test``, ``replace``, ``add``, RFC 6902); a failing ``test`` is
@@ -49,7 +50,7 @@ def _parent(doc: Any, path: str) -> tuple[Any, str]:
 
 
 def apply_json_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
-    """RFC 6902 ``test``, ``replace`` and ``add`` on a copy of ``doc``."""
+    """RFC 6902 ``test``, ``replace``, ``add`` and ``remove`` on a copy of ``doc``."""
     out = copy.deepcopy(doc)
     for op in ops:
         try:
@@ -63,6 +64,8 @@ def apply_json_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str
                     parent[index] = op["value"]
                 elif op["op"] == "add":
                     parent.insert(index, op["value"])
+                elif op["op"] == "remove":
+                    del parent[index]
                 else:
                     raise PatchError(f"unsupported op {op['op']}")
             else:
@@ -75,6 +78,10 @@ def apply_json_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str
                     parent[key] = op["value"]
                 elif op["op"] == "add":
                     parent[key] = op["value"]
+                elif op["op"] == "remove":
+                    if key not in parent:
+                        raise PatchError(f"remove of a missing member {op['path']}")
+                    del parent[key]
                 else:
                     raise PatchError(f"unsupported op {op['op']}")
         except (KeyError, IndexError, ValueError, TypeError) as exc:
@@ -121,12 +128,17 @@ class FakeWorkloadApi:
 
     async def start(self) -> str:
         app = web.Application(middlewares=[self._auth])
-        for group_version in ("apis/leaderworkerset.x-k8s.io/v1", "apis/apps/v1"):
-            path = f"/{group_version}/namespaces/{{ns}}/{{plural}}/{{name}}"
-            app.router.add_get(path, self._get)
-            app.router.add_patch(path, self._patch)
+        self.add_routes(app, self._get, self._patch)
         self._runner, self.url = await serve_on_loopback(app)
         return self.url
+
+    @staticmethod
+    def add_routes(app: web.Application, get: Any, patch: Any) -> None:
+        """GET and PATCH of LeaderWorkerSets and Deployments, answered by ``get`` and ``patch``."""
+        for group_version in ("apis/leaderworkerset.x-k8s.io/v1", "apis/apps/v1"):
+            path = f"/{group_version}/namespaces/{{ns}}/{{plural}}/{{name}}"
+            app.router.add_get(path, get)
+            app.router.add_patch(path, patch)
 
     async def stop(self) -> None:
         if self._runner is not None:
