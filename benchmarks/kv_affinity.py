@@ -57,12 +57,12 @@ import aiohttp
 import numpy as np
 
 from ascend_runtime import eventloop
+from ascend_runtime.perf.sim_config import SimConfig
 from ascend_runtime.proxy.affinity import AffinitySettings, PrefixAffinity, PromptBlocks
 from ascend_runtime.proxy.config import RoutingWeights
 from ascend_runtime.proxy.instances import InstanceSpec
 from ascend_runtime.proxy.pd import build_prefill_request, estimate_prompt_tokens
 from ascend_runtime.proxy.pool import InstancePool
-from ascend_runtime.sim.config import SimConfig
 from ascend_runtime.sim.prefix_cache import chat_tokens, request_block_hashes
 from ascend_runtime.sim.server import SimHandle, start_simulator
 

@@ -23,9 +23,9 @@ import sys
 import time
 from dataclasses import dataclass
 
+from ascend_runtime.perf.timing import MTP_REFERENCE, REFERENCES, Reference, reference_config
 from ascend_runtime.sim.experts import balanced_map
 from ascend_runtime.sim.server import SimHandle, start_simulator
-from ascend_runtime.sim.timing import MTP_REFERENCE, REFERENCES, Reference, reference_config
 
 
 @dataclass

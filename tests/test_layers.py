@@ -1,9 +1,13 @@
 """The package's layers import downwards only, read from the source with ``ast``.
 
 ``render`` builds text and Kubernetes objects as data and never imports the
-Pulumi layer (``deploy``) or the CLI; the simulator's flag mapping lives in
-``sim``, so nothing below the CLI imports ``cli``; and no two modules import
-each other, directly or through a chain (lazy imports inside functions count).
+Pulumi layer (``deploy``) or the CLI; the simulator's flag mapping lives in the
+model layer (``perf.sim_flags``), so nothing below the CLI imports ``cli``. The
+model layer (the performance and timing model, the planner, the renderer, the
+stack configuration, the hardware catalogue) imports no runtime package: the
+simulator, the proxy, the P:D planner and the local launcher are its users. And
+no two modules import each other, directly or through a chain (lazy imports
+inside functions count).
 """
 
 from __future__ import annotations
@@ -71,6 +75,38 @@ def test_layer_does_not_import_upwards(layer: str, forbidden: str) -> None:
         f"{mod} -> {dep}" for mod, deps in GRAPH.items() if _in(layer, mod) for dep in deps if _in(forbidden, dep)
     )
     assert not offenders, f"{layer} must not import {forbidden}: {offenders}"
+
+
+#: The model layer: what a Plan, a render and a performance figure are computed with.
+MODEL_LAYER = (
+    "ascend_runtime.perf",
+    "ascend_runtime.planner",
+    "ascend_runtime.render",
+    "ascend_runtime.config",
+    "ascend_runtime.engine",
+    "ascend_runtime.hardware",
+)
+#: Runtime packages: processes and daemons that use the model layer. ``faults`` is not listed: the fault
+#: watcher's objects (``render/objects/faults.py``) take its signal names and topology format from it.
+RUNTIME = (
+    "ascend_runtime.sim",
+    "ascend_runtime.pdplanner",
+    "ascend_runtime.proxy",
+    "ascend_runtime.local",
+    "ascend_runtime.balancer",
+    "ascend_runtime.rollout",
+    "ascend_runtime.checks",
+    "ascend_runtime.hosts",
+)
+
+
+@pytest.mark.parametrize("layer", MODEL_LAYER)
+def test_model_layer_imports_no_runtime_package(layer: str) -> None:
+    offenders = sorted(
+        f"{mod} -> {dep}" for mod, deps in GRAPH.items() if _in(layer, mod)
+        for dep in deps if any(_in(runtime, dep) for runtime in RUNTIME)
+    )
+    assert not offenders, f"{layer} is the model layer and must not import a runtime package: {offenders}"
 
 
 def test_deploy_holds_only_the_pulumi_layer() -> None:

@@ -89,7 +89,7 @@ def stage_models(config) -> dict[str, StageModel]:
     """Both stages of a ``StackConfig`` as replay models (model shape, hardware catalogue, guide rules)."""
     from ascend_runtime.hardware import hardware_spec
     from ascend_runtime.planner.engine_rules import EPLB_MAX_DECODE_EXPERTS_PER_DIE, EPLB_MIN_PREFILL_PROMPT
-    from ascend_runtime.sim.config import HARDWARE
+    from ascend_runtime.perf.profiles import HARDWARE
 
     m = config.model
     spec, prof = hardware_spec(config.hardware), HARDWARE[config.hardware]

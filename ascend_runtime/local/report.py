@@ -147,7 +147,7 @@ def tokens_per_step(plan: Plan) -> float:
     """Tokens a decoding sequence gets per step: 1, plus the accepted MTP draft token with MTP."""
     if not plan.config["decode"].get("mtp"):
         return 1.0
-    from ascend_runtime.sim.config import SimConfig  # noqa: PLC0415
+    from ascend_runtime.perf.sim_config import SimConfig  # noqa: PLC0415
 
     return 1.0 + float(SimConfig.model_fields["mtp_acceptance"].default)
 

@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 from ascend_runtime.pdplanner.decide import GroupPool, PlannerConfig, Pool, Slo, StagePool
-from ascend_runtime.perf.model import StageShape
+from ascend_runtime.perf.from_plan import stage_shape
 from ascend_runtime.planner.plan import Plan
 
 
 def stage_pool(plan: Plan, role: str) -> StagePool:
     """Shape of the Plan's first ``role`` instance and the whole nodes one instance takes."""
-    instances = plan.by_role(role)
-    if not instances:
-        raise ValueError(f"the Plan has no {role} instance")
-    inst, stage = instances[0], plan.config[role]
-    shape = StageShape(
-        hardware=plan.hardware, role=role, dp=inst.dp, tp=inst.tp, redundant_experts=inst.redundant_experts,
-        mtp=bool(stage["mtp"]), nodes=len(set(inst.nodes)), max_num_seqs=stage["max_num_seqs"],
-        max_num_batched_tokens=stage["max_num_batched_tokens"], model=plan.config["model"]["name"],
-    )
-    return StagePool(shape, int(stage["nodes_per_instance"]))
+    return StagePool(stage_shape(plan, role), int(plan.config[role]["nodes_per_instance"]))
 
 
 def pool_from_plan(plan: Plan) -> Pool:

@@ -1,6 +1,6 @@
 """Fitting the performance model's constants on named published points, and predicting held-out ones.
 
-The model (:mod:`ascend_runtime.perf.model`, on :class:`ascend_runtime.sim.timing.TimingModel`) has one
+The model (:mod:`ascend_runtime.perf.model`, on :class:`ascend_runtime.perf.timing.TimingModel`) has one
 constant per (hardware, role), ``k``: published step / uncalibrated model step at that role's fit point.
 :func:`fit_constants` computes them from :data:`FIT_POINTS` only:
 
@@ -10,7 +10,7 @@ constant per (hardware, role), ``k``: published step / uncalibrated model step a
 | A2 prefill (seed) | 16 NPUs DP2 TP8 EP16, 16 redundant | 8 x 2K prompts | 631 ms (1622 tok/s/NPU) |
 | CM384 decode at 50 ms TPOT | 320 dies DP320 EP320 (1 expert/die), MTP 1 token at 70% | 96 seqs/die, KV 4096 | TPOT 50 ms = step 85 ms (1920 tok/s/NPU) |
 
-Two inputs differ from the simulator's calibration (``sim.timing.REFERENCES``), both from public sources,
+Two inputs differ from the simulator's calibration (``perf.timing.REFERENCES``), both from public sources,
 neither from the held-out points:
 
 - the A2 inter-node rate is the hardware's port rate, one 200GE RoCE port per NPU (25 GB/s,
@@ -52,9 +52,9 @@ from ascend_runtime.perf.model import (
     module_terms,
     step_on,
 )
+from ascend_runtime.perf.profiles import HARDWARE, HardwareProfile
+from ascend_runtime.perf.timing import COLLECTIVE_LATENCY_S, REFERENCES, TimingModel, reference_config
 from ascend_runtime.planner.modules import ModuleDegrees
-from ascend_runtime.sim.config import HARDWARE, HardwareProfile
-from ascend_runtime.sim.timing import COLLECTIVE_LATENCY_S, REFERENCES, TimingModel, reference_config
 
 A2, CM = "atlas-800i-a2", "cm384"
 
@@ -285,7 +285,7 @@ def fitted_collective_latency_s(assumed: float = COLLECTIVE_LATENCY_S) -> float:
 def collective_latency_fixed_point(iterations: int = 60) -> float:
     """The alpha that the o_proj fit returns when the model already charges it on every MoE call (s).
 
-    ``sim.timing.COLLECTIVE_LATENCY_S`` is this value rounded; the iteration contracts (k changes by a few
+    ``perf.timing.COLLECTIVE_LATENCY_S`` is this value rounded; the iteration contracts (k changes by a few
     percent with alpha).
     """
     a = COLLECTIVE_LATENCY_S

@@ -1,6 +1,6 @@
-"""Closed-form performance model of one PD stage, on the simulator's calibrated timing.
+"""Closed-form performance model of one PD stage, on the calibrated timing model the simulator steps on.
 
-Every figure here is the simulator's step-time model (``ascend_runtime.sim.timing``,
+Every figure here is the step-time model (:mod:`ascend_runtime.perf.timing`,
 docs/simulator.md "Timing model") evaluated on a uniform batch: the same
 ``TimingModel`` terms and the same calibration constant ``k[hw, role]``
 (``calibration_scale``, ``mtp_factor``), so there is one copy of the numbers.
@@ -29,7 +29,7 @@ overlap (``StageShape.micro_batching``) enter each step as (raw = uncalibrated s
                   LM head, shared expert; the embedding is a lookup, not read whole)
     sum_coll    = sum over the modules' collectives of count * (alpha + t_bytes)
     t_bytes     = max(per-peer bytes / intra-node link, remote peers x per-peer bytes / inter-node link)
-    alpha       = collective_latency_s() = sim.timing.COLLECTIVE_LATENCY_S (fixed point of the fit on the
+    alpha       = collective_latency_s() = perf.timing.COLLECTIVE_LATENCY_S (fixed point of the fit on the
                   release's measured o_proj row, perf/fit.py)
 """
 
@@ -42,10 +42,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ascend_runtime.config.model import ModelShape
+from ascend_runtime.perf.capacity import kv_capacity_tokens
+from ascend_runtime.perf.profiles import HARDWARE, ROLE_DEFAULTS
+from ascend_runtime.perf.sim_config import SimConfig
 from ascend_runtime.planner.modules import ModuleDegrees, module_collectives, module_weight_bytes, weight_delta_bytes
-from ascend_runtime.sim.capacity import kv_capacity_tokens
-from ascend_runtime.sim.config import HARDWARE, ROLE_DEFAULTS, SimConfig
-from ascend_runtime.sim.timing import (
+from ascend_runtime.perf.timing import (
     BORROWED,
     COLLECTIVE_LATENCY_S,
     REFERENCE_DECODE_CONTEXT,
@@ -124,7 +125,7 @@ def default_imbalance(shape: StageShape) -> float:
 
 
 def collective_latency_s() -> float:
-    """alpha: seconds per collective call beyond its bytes (``sim.timing.COLLECTIVE_LATENCY_S``, the fixed
+    """alpha: seconds per collective call beyond its bytes (``perf.timing.COLLECTIVE_LATENCY_S``, the fixed
     point of the fit on the release's o_proj row in :mod:`ascend_runtime.perf.fit`)."""
     return COLLECTIVE_LATENCY_S
 

@@ -11,7 +11,7 @@ stack's output token rate:
     demand tokens/s   = slo.expected_request_rate x throughput_check.output_len
     token rate        = demand when the stack gives an expected rate, capped at capacity;
                         else capacity (the proxy must not be what limits the engines)
-    workers           = proxy.capacity.workers_needed(token rate)
+    workers           = perf.proxy_capacity.workers_needed(token rate)
                         (RELAY_TOKENS_PER_CPU_S per worker process at TARGET_UTILISATION of a core)
     replicas          = max(kubernetes.proxy_replicas,
                             ceil(workers / MAX_WORKERS_PER_REPLICA) + 1)   one replica may be down
@@ -62,12 +62,12 @@ class ProxyPlan:
 
 def decode_capacity_tokens_per_s(plan: Plan) -> float:
     """Output tokens/s the Plan's decode instances emit at the largest batch within ``slo.tpot_ms``."""
-    from ascend_runtime.pdplanner.from_plan import stage_pool
     from ascend_runtime.perf import model
+    from ascend_runtime.perf.from_plan import stage_shape
 
     if not plan.by_role("decode"):
         return 0.0
-    shape = stage_pool(plan, "decode").shape
+    shape = stage_shape(plan, "decode")
     check = plan.config.get("throughput_check") or {}
     context = float(check.get("input_len", 2048)) + float(check.get("output_len", 2048)) / 2.0
     tpot_s = float((plan.config.get("slo") or {}).get("tpot_ms", 100.0)) / 1000.0
@@ -80,7 +80,7 @@ def decode_capacity_tokens_per_s(plan: Plan) -> float:
 
 def size_proxy(plan: Plan) -> ProxyPlan:
     """The :class:`ProxyPlan` of ``plan``."""
-    from ascend_runtime.proxy import capacity
+    from ascend_runtime.perf import proxy_capacity
 
     cap = decode_capacity_tokens_per_s(plan)
     rate = (plan.config.get("slo") or {}).get("expected_request_rate")
@@ -89,8 +89,8 @@ def size_proxy(plan: Plan) -> ProxyPlan:
         out_len = float((plan.config.get("throughput_check") or {}).get("output_len", 2048))
         demand = float(rate) * out_len
     tokens = min(demand, cap) if demand is not None else cap
-    workers = capacity.workers_needed(tokens)
+    workers = proxy_capacity.workers_needed(tokens)
     configured = int((plan.config.get("kubernetes") or {}).get("proxy_replicas", 2))
     replicas = max(configured, math.ceil(workers / MAX_WORKERS_PER_REPLICA) + 1)
     per_replica = workers if replicas == 1 else math.ceil(workers / (replicas - 1))
-    return ProxyPlan(cap, demand, tokens, capacity.RELAY_TOKENS_PER_CPU_S, workers, replicas, per_replica)
+    return ProxyPlan(cap, demand, tokens, proxy_capacity.RELAY_TOKENS_PER_CPU_S, workers, replicas, per_replica)

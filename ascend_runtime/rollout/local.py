@@ -4,7 +4,7 @@ On the ``local`` target the engine is the simulator or, with ``local_engine.kind
 server; "the new version" is the stack file as it reads now (a vLLM server is started from the Plan's
 instance and ``local_engine``, so a rollout applies a new ``model_seed`` one instance at a time, and with the
 file unchanged restarts each in turn). Each simulator is started with ``sim --stack S --instance NAME`` and
-takes every option from the stack's Plan at start (``ascend_runtime.sim.from_plan``), so a
+takes every option from the stack's Plan at start (``ascend_runtime.perf.from_plan``), so a
 rollout applies an edit of ``simulator.*``, the stage's engine limits or ``engine.*``
 one instance at a time; with the file unchanged it is a rolling restart. What may not
 change is the topology the proxy routes to (instance names, roles, addresses): that

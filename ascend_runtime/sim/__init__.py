@@ -1,10 +1,10 @@
 """Engine simulator: a vLLM-Ascend prefill or decode instance without NPUs.
 
 A test double and an explicit deployment target (``local``, ``kind``), never a
-fallback. Modules, one job each:
+fallback. Its options (``SimConfig``, their flags) and the timing model it steps
+on belong to the model layer (:mod:`ascend_runtime.perf`: ``sim_config``,
+``sim_flags``, ``timing``, ``capacity``). Modules, one job each:
 
-- :mod:`.config`   SimConfig (CLI/Plan options) and hardware profiles.
-- :mod:`.timing`   the documented, calibrated per-step timing model.
 - :mod:`.experts`  skewed, drifting expert routing; expert maps and their validation.
 - :mod:`.engine`   continuous-batching scheduler and step loop.
 - :mod:`.kv`       KV block store, KV TCP server and client (PD transfer).
@@ -15,7 +15,3 @@ fallback. Modules, one job each:
 
 See docs/simulator.md for the timing model and the wire protocol.
 """
-
-from ascend_runtime.sim.config import SimConfig
-
-__all__ = ["SimConfig"]

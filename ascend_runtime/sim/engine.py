@@ -41,13 +41,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ascend_runtime.sim.capacity import kv_capacity_tokens
-from ascend_runtime.sim.config import SimConfig
+from ascend_runtime.perf.capacity import kv_capacity_tokens
+from ascend_runtime.perf.sim_config import SimConfig
+from ascend_runtime.perf.timing import TimingModel
 from ascend_runtime.sim.experts import ExpertMap, ExpertRouter, balancedness
 from ascend_runtime.sim.faults import Faults
 from ascend_runtime.sim.metrics import SimMetrics
 from ascend_runtime.sim.prefix_cache import PrefixCache
-from ascend_runtime.sim.timing import TimingModel
 
 SNAPSHOTS_KEPT = 64
 BALANCE_WINDOW = 64

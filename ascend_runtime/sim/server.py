@@ -33,14 +33,14 @@ from typing import Any
 from aiohttp import web
 
 from ascend_runtime import eventloop
+from ascend_runtime.perf.sim_config import SimConfig
 from ascend_runtime.sim import api, output, prefix_cache
-from ascend_runtime.sim.utility_routes import UtilityRoutes
-from ascend_runtime.sim.config import SimConfig
 from ascend_runtime.sim.engine import Engine, EngineFull, RequestGroup, Sequence
 from ascend_runtime.sim.experts import ExpertMap, ExpertMapError, balancedness
 from ascend_runtime.sim.faults import Faults
 from ascend_runtime.sim.kv import KVPullError, KVStore, pull
 from ascend_runtime.sim.metrics import SimMetrics
+from ascend_runtime.sim.utility_routes import UtilityRoutes
 
 log = logging.getLogger("ascend_runtime.sim")
 #: Wall seconds a decode waits on a KV pull before failing the request (Handlers._kv_load_failed).

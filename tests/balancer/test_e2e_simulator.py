@@ -20,7 +20,7 @@ from ascend_runtime.balancer.daemon import BalancerConfig, BalancerDaemon, Insta
 from ascend_runtime.balancer.expert_map import map_to_placement  # noqa: E402
 from ascend_runtime.balancer.publish import FilePublisher  # noqa: E402
 from ascend_runtime.balancer.sources import HttpLoadSource  # noqa: E402
-from ascend_runtime.sim.config import SimConfig
+from ascend_runtime.perf.sim_config import SimConfig
 
 from .test_daemon import free_port  # noqa: E402
 

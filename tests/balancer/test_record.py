@@ -96,7 +96,7 @@ async def test_record_reads_the_real_simulator_under_traffic(tmp_path) -> None:
     import ascend_runtime.sim.server as sim_server
     from ascend_runtime.balancer.record import record
     from ascend_runtime.balancer.sources import HttpLoadSource, DirLoadSource
-    from ascend_runtime.sim.config import SimConfig
+    from ascend_runtime.perf.sim_config import SimConfig
 
     from .test_daemon import free_port
 

@@ -13,10 +13,10 @@ from typing import Any
 import openai
 import pytest
 
+from ascend_runtime.perf.sim_config import SimConfig
 from ascend_runtime.proxy.config import ProxyConfig
 from ascend_runtime.proxy.instances import specs_from_data
 from ascend_runtime.proxy.server import ProxyHandle, start_proxy
-from ascend_runtime.sim.config import SimConfig
 from ascend_runtime.sim.server import SimHandle, start_simulator
 
 MODEL = "deepseek-ai/DeepSeek-R1"

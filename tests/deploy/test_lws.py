@@ -46,8 +46,8 @@ from ascend_runtime.render.objects.lws import (
     SET_NAME_LABEL,
     WORKER_INDEX_LABEL,
 )
+from ascend_runtime.perf.from_plan import sim_config_from_plan
 from ascend_runtime.render.paths import LEADER_WATCH
-from ascend_runtime.sim.from_plan import sim_config_from_plan
 from tests.render.test_injection import STUB_TIMEOUT  # coreutils `timeout` stand-in: records the DP-port probe
 
 from .conftest import K8S_STACKS, stack_run

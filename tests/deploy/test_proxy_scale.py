@@ -5,9 +5,9 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 
+from ascend_runtime.perf import proxy_capacity as capacity
 from ascend_runtime.planner import load_plan
 from ascend_runtime.planner.proxy_sizing import MAX_WORKERS_PER_REPLICA, size_proxy
-from ascend_runtime.proxy import capacity
 
 from .conftest import K8S_STACKS, stack_run
 

@@ -22,10 +22,10 @@ from ascend_runtime.faults.signals import NODE_EVENT_NAMESPACE
 from ascend_runtime.faults.proxies import ProxyAdmin
 from ascend_runtime.faults.topology import Topology
 from ascend_runtime.faults.watcher import FaultWatcher, WatcherConfig
+from ascend_runtime.perf.sim_config import SimConfig
 from ascend_runtime.proxy.config import ProxyConfig
 from ascend_runtime.proxy.instances import specs_from_data
 from ascend_runtime.proxy.server import ProxyHandle, start_proxy
-from ascend_runtime.sim.config import SimConfig
 from ascend_runtime.sim.server import SimHandle, start_simulator
 
 from .fake_kube import FakeKubernetesApi

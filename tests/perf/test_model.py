@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ascend_runtime.perf import model as pm
-from ascend_runtime.sim.timing import (
+from ascend_runtime.perf.timing import (
     MTP_REFERENCE,
     REFERENCES,
     TimingModel,
@@ -101,7 +101,7 @@ def test_every_moe_layer_pays_two_collective_calls_and_single_npu_ep_pays_none()
     assert a.all2all - b.all2all == pytest.approx(2 * L * with_alpha.alpha, rel=1e-9)
     assert a.dense == b.dense and a.experts == b.experts
     # an instance without expert parallelism makes no dispatch/combine calls
-    from ascend_runtime.sim.config import SimConfig
+    from ascend_runtime.perf.sim_config import SimConfig
 
     solo = SimConfig(role="decode", instance="solo", hardware=A2, npus=1, dp=1, tp=1, ep=1).resolved()
     assert TimingModel(solo, scale=1.0).t_moe_calls == 0.0

@@ -8,8 +8,8 @@ import pytest
 
 from ascend_runtime.perf import fit
 from ascend_runtime.perf import model as pm
+from ascend_runtime.perf.timing import COLLECTIVE_LATENCY_S, calibration_scale
 from ascend_runtime.planner.modules import ModuleDegrees
-from ascend_runtime.sim.timing import COLLECTIVE_LATENCY_S, calibration_scale
 
 A2 = "atlas-800i-a2"
 CTX = pm.REFERENCE_CONTEXT
@@ -91,7 +91,7 @@ def test_fit_uses_only_the_named_points_and_reproduces_them() -> None:
 
 
 def test_prediction_hardware_differs_from_the_catalogue_only_in_the_a2_port_rate() -> None:
-    from ascend_runtime.sim.config import HARDWARE
+    from ascend_runtime.perf.profiles import HARDWARE
 
     a2 = fit.PREDICTION_HARDWARE[A2]
     assert a2.inter_node_bandwidth == 25e9 == 4 * HARDWARE[A2].inter_node_bandwidth  # 200GE vs 50 GB/s / 8

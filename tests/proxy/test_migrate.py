@@ -28,7 +28,7 @@ from ascend_runtime.proxy.server import start_proxy
 from tests.proxy.conftest import free_port
 
 sim_server = pytest.importorskip("ascend_runtime.sim.server")
-sim_config = pytest.importorskip("ascend_runtime.sim.config")
+sim_config = pytest.importorskip("ascend_runtime.perf.sim_config")
 
 MODEL = "deepseek-ai/DeepSeek-R1"
 TOKEN = "m1grate"

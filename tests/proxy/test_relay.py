@@ -8,7 +8,7 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from ascend_runtime.proxy import capacity
+from ascend_runtime.perf import proxy_capacity as capacity
 from ascend_runtime.proxy.metrics import ITL_BUCKETS, BatchHistogram
 from ascend_runtime.proxy.relay import DecodeConnection, RelayError, StreamStats, deframe, parse_head
 

@@ -177,7 +177,7 @@ async def test_each_attempt_id_is_logged_with_the_client_id(stubs, proxy, http, 
 
 # ---------------------------------------------------------------- against the simulator
 sim_server = pytest.importorskip("ascend_runtime.sim.server")
-sim_config = pytest.importorskip("ascend_runtime.sim.config")
+sim_config = pytest.importorskip("ascend_runtime.perf.sim_config")
 SIM_ADMIN_TOKEN = "request-ids-sim-admin-token"
 
 

@@ -150,7 +150,7 @@ async def test_the_engine_utility_routes_are_answered_by_an_instance():
     from ascend_runtime.proxy.config import ProxyConfig
     from ascend_runtime.proxy.instances import specs_from_data
     from ascend_runtime.proxy.server import start_proxy
-    from ascend_runtime.sim.config import SimConfig
+    from ascend_runtime.perf.sim_config import SimConfig
     from ascend_runtime.sim.server import start_simulator
 
     sims = [await start_simulator(SimConfig(role=role, instance=f"{role}-0", port=0, kv_port=0))

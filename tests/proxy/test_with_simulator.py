@@ -13,7 +13,7 @@ from ascend_runtime.proxy.instances import specs_from_data
 from ascend_runtime.proxy.server import start_proxy
 
 sim_server = pytest.importorskip("ascend_runtime.sim.server")
-sim_config = pytest.importorskip("ascend_runtime.sim.config")
+sim_config = pytest.importorskip("ascend_runtime.perf.sim_config")
 
 
 @pytest.fixture

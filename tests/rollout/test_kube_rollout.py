@@ -24,10 +24,10 @@ from ascend_runtime.rollout.kube import (
     api_client,
     instance_workloads,
 )
+from ascend_runtime.perf.sim_config import SimConfig
 from ascend_runtime.rollout.order import Target, ordered
 from ascend_runtime.rollout.postcheck import EnginePostCheck
 from ascend_runtime.rollout.steps import Rollout, RolloutOptions
-from ascend_runtime.sim.config import SimConfig
 from ascend_runtime.sim.server import SimHandle, start_simulator
 
 from .conftest import Load

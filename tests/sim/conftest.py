@@ -8,7 +8,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ascend_runtime.sim.config import SimConfig
+from ascend_runtime.perf.sim_config import SimConfig
 from ascend_runtime.sim.server import SimHandle, start_simulator
 
 Starter = Callable[..., Awaitable[SimHandle]]

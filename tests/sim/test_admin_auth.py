@@ -9,8 +9,8 @@ import pytest
 
 from ascend_runtime.cli import build_parser
 from ascend_runtime.cli.commands.sim import config_from_args
-from ascend_runtime.sim.config import SimConfig
-from ascend_runtime.sim.flags import argv_from_config
+from ascend_runtime.perf.sim_config import SimConfig
+from ascend_runtime.perf.sim_flags import argv_from_config
 from ascend_runtime.sim.server import build_app
 
 ADMIN_TOKEN = "admin-auth-test-token"

@@ -6,9 +6,9 @@ import pytest
 
 from ascend_runtime.cli import build_parser
 from ascend_runtime.cli.commands.sim import config_from_args
+from ascend_runtime.perf.from_plan import sim_config_from_plan
+from ascend_runtime.perf.sim_flags import argv_from_config
 from ascend_runtime.planner import load_plan
-from ascend_runtime.sim.flags import argv_from_config
-from ascend_runtime.sim.from_plan import sim_config_from_plan
 
 
 @pytest.mark.parametrize("stack", ["local", "kind"])

@@ -9,12 +9,12 @@ import time
 import numpy as np
 import pytest
 
-from ascend_runtime.sim.config import SimConfig
+from ascend_runtime.perf.sim_config import SimConfig
 from ascend_runtime.sim.engine import Engine
 from ascend_runtime.sim.experts import ExpertRouter, balanced_map
 from ascend_runtime.sim.faults import Faults
 from ascend_runtime.sim.metrics import SimMetrics
-from ascend_runtime.sim.timing import (
+from ascend_runtime.perf.timing import (
     MTP_REFERENCE,
     REFERENCES,
     RankBatch,

@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from ascend_runtime.sim.config import SimConfig
+from ascend_runtime.perf.sim_config import SimConfig
 from ascend_runtime.sim.engine import Engine
 from ascend_runtime.sim.faults import Faults
 from ascend_runtime.sim.metrics import SimMetrics

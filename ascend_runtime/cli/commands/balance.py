@@ -428,7 +428,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             return input_error("--ranks", "give the EP size (>= 2) of the stage, or --stack")
         from ascend_runtime.config.model import ModelShape
         from ascend_runtime.hardware import CATALOGUE
-        from ascend_runtime.sim.config import HARDWARE
+        from ascend_runtime.perf.profiles import HARDWARE
 
         if args.hardware not in CATALOGUE:
             return input_error("--hardware", f"unknown kind {args.hardware!r}; valid: {', '.join(sorted(CATALOGUE))}")

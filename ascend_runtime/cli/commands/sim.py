@@ -1,6 +1,6 @@
 """`ascend-deploy sim`: run one simulated vLLM-Ascend prefill or decode instance.
 
-Options map one to one onto :class:`ascend_runtime.sim.config.SimConfig`
+Options map one to one onto :class:`ascend_runtime.perf.sim_config.SimConfig`
 (``config_from_args``); a later ``--stack NAME`` only has to build that
 object from the Plan. Exit codes: 0 stopped cleanly, 2 invalid options.
 """
@@ -15,7 +15,7 @@ import sys
 from pydantic import ValidationError
 
 from ascend_runtime.config.errors import MAX_SIM_SPEEDUP
-from ascend_runtime.sim.config import SimConfig
+from ascend_runtime.perf.sim_config import SimConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -63,7 +63,7 @@ def config_from_plan(args: argparse.Namespace) -> SimConfig:
     """The SimConfig of ``--instance`` in the ``--stack`` Plan; ValueError naming the problem."""
     from ascend_runtime.config.errors import ConfigError
     from ascend_runtime.planner import load_plan
-    from ascend_runtime.sim.from_plan import sim_config_from_plan
+    from ascend_runtime.perf.from_plan import sim_config_from_plan
 
     try:
         plan = load_plan(args.stack, args.stacks_dir)
@@ -115,7 +115,7 @@ def option_errors(exc: ValidationError) -> str:
     from dataclasses import replace  # noqa: PLC0415
 
     from ascend_runtime.config.loader import problems_from_validation  # noqa: PLC0415
-    from ascend_runtime.sim.config import SimConfig  # noqa: PLC0415
+    from ascend_runtime.perf.sim_config import SimConfig  # noqa: PLC0415
 
     problems = problems_from_validation(exc, SimConfig, where="the command line")
     def flag(path: str) -> str:
@@ -202,7 +202,7 @@ def handler(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
         cfg.resolved()
-        from ascend_runtime.sim.capacity import kv_capacity_tokens
+        from ascend_runtime.perf.capacity import kv_capacity_tokens
 
         kv_capacity_tokens(cfg.resolved())
         bad = _check_expert_map(cfg)

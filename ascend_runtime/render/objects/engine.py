@@ -25,6 +25,8 @@ import posixpath
 from typing import Any
 
 from ascend_runtime.config.runtime_image import simulator_image
+from ascend_runtime.perf.from_plan import sim_config_from_plan
+from ascend_runtime.perf.sim_flags import argv_from_config
 from ascend_runtime.planner.plan import InstancePlan, RankPlan
 from ascend_runtime.render.launch import (
     WORKER_NODE_ENV,
@@ -62,8 +64,6 @@ from ascend_runtime.render.objects.lws import (
     leader_worker_set,
 )
 from ascend_runtime.render.objects.resources import engine_resources
-from ascend_runtime.sim.flags import argv_from_config
-from ascend_runtime.sim.from_plan import sim_config_from_plan
 
 #: Host paths the engine container needs (facts section 5); device nodes come from the device plugin.
 DRIVER_MOUNTS: tuple[tuple[str, str, str], ...] = (

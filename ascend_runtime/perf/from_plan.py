@@ -1,12 +1,32 @@
-"""Simulator options for one instance of a Plan (explicit `local` and `kind` targets only)."""
+"""The model layer's inputs for a Plan's instances: the performance model's stage shape and simulator options.
+
+``stage_shape`` feeds the performance model (proxy sizing, the P:D planner); ``sim_config_from_plan``
+gives the simulator's options of one instance (explicit ``local`` and ``kind`` targets only), which the
+simulator's CLI runs with and the renderer turns into the kind target's argv (:mod:`.sim_flags`).
+"""
 
 from __future__ import annotations
 
+from ascend_runtime.perf.model import StageShape
+from ascend_runtime.perf.sim_config import SimConfig
 from ascend_runtime.planner.plan import InstancePlan, Plan
-from ascend_runtime.sim.config import SimConfig
 
 #: The stack gives link rates in GB/s (bytes); the simulator takes Gbit/s.
 BITS_PER_BYTE = 8
+
+
+def stage_shape(plan: Plan, role: str) -> StageShape:
+    """Shape of the Plan's first ``role`` instance (degrees, batch limits per DP rank, nodes it spans);
+    ValueError when the Plan has no ``role`` instance."""
+    instances = plan.by_role(role)
+    if not instances:
+        raise ValueError(f"the Plan has no {role} instance")
+    inst, stage = instances[0], plan.config[role]
+    return StageShape(
+        hardware=plan.hardware, role=role, dp=inst.dp, tp=inst.tp, redundant_experts=inst.redundant_experts,
+        mtp=bool(stage["mtp"]), nodes=len(set(inst.nodes)), max_num_seqs=stage["max_num_seqs"],
+        max_num_batched_tokens=stage["max_num_batched_tokens"], model=plan.config["model"]["name"],
+    )
 
 
 def sim_config_from_plan(plan: Plan, instance: InstancePlan, bind_host: str | None = None) -> SimConfig:

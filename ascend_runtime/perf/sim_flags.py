@@ -1,14 +1,16 @@
 """The simulator's command-line form: which :class:`SimConfig` fields are flags, and the argv for a config.
 
-The CLI (``ascend-deploy sim``) parses these flags; the Kubernetes objects and
-the local stack build the argv from a config, so the mapping lives here, with
-the config it describes.
+The CLI (``ascend-deploy sim``) parses these flags; the renderer builds the
+kind target's simulator argv from a config. The mapping lives here, beside the
+config it describes, so that neither the renderer nor the performance model
+imports the simulator.
 """
 
 from __future__ import annotations
 
-from ascend_runtime.sim.config import SimConfig
+from ascend_runtime.perf.sim_config import SimConfig
 
+#: SimConfig fields written as ``--<field with dashes>`` flags, in argv order.
 FLAG_FIELDS = (
     "role", "instance", "host", "port", "kv_port", "kv_host", "hardware", "npus", "dp", "tp", "ep", "nodes",
     "max_num_seqs", "max_num_batched_tokens", "redundant_experts", "mtp", "speedup", "startup_delay", "link_gbps",
@@ -19,7 +21,8 @@ ON_BY_DEFAULT = frozenset({"enable_prefix_caching"})
 
 
 def argv_from_config(cfg: SimConfig) -> list[str]:
-    """`ascend-deploy sim` arguments that reproduce ``cfg`` (the inverse of the CLI's ``config_from_args``).
+    """`ascend-deploy sim` arguments that reproduce ``cfg`` (the inverse of the CLI's ``config_from_args``):
+    flag and value strings in :data:`FLAG_FIELDS` order, floats as ``repr``, ``None`` fields left out.
 
     The admin token is never an argument: callers add ``--admin-token-env VAR`` and set ``VAR``.
     """

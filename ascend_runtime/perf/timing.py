@@ -1,4 +1,7 @@
-"""The per-step timing model (documented in docs/simulator.md).
+"""The per-step timing model (documented in docs/simulator.md, "Timing model").
+
+The engine simulator (``ascend_runtime.sim.engine``) steps on it, and the closed-form
+performance model (:mod:`ascend_runtime.perf.model`) evaluates it on uniform batches.
 
 One engine step runs every DP rank's batch at once (MoE all-to-all keeps DP
 ranks in lock step). Its modelled time, in seconds, is
@@ -33,12 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ascend_runtime.config.model import ModelShape
-from ascend_runtime.sim.config import (
-    HARDWARE,
-    ROLE_DEFAULTS,
-    HardwareProfile,
-    SimConfig,
-)
+from ascend_runtime.perf.profiles import HARDWARE, ROLE_DEFAULTS, HardwareProfile
+from ascend_runtime.perf.sim_config import SimConfig
 
 #: Fixed per-step cost (scheduling, launch, sampling), seconds before calibration.
 STEP_OVERHEAD_S = 1e-3
@@ -68,7 +67,7 @@ class Reference:
     prompt_tokens: int
     redundant_experts: int
     #: max/mean rank load assumed for the published run: what the greedy EPLB placement
-    #: (experts.balanced_map) leaves on the simulator's default routing at this shape.
+    #: (ascend_runtime.sim.experts.balanced_map) leaves on the simulator's default routing at this shape.
     imbalance: float
     note: str
 

@@ -16,6 +16,8 @@ round trip and the HTTP handling, about 0.4 ms of CPU), longer ones less.
 
 Sizing keeps each worker at ``TARGET_UTILISATION`` of a core so that bursts,
 health checks, metrics scrapes and prefill requests fit beside the relay.
+The planner sizes the proxy's workers and replicas from it
+(:mod:`ascend_runtime.planner.proxy_sizing`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ KV tokens per DP rank = (HBM x gpu_memory_utilization - weights/NPU) / KV bytes 
 
 from __future__ import annotations
 
-from ascend_runtime.sim.config import SimConfig
+from ascend_runtime.perf.sim_config import SimConfig
 
 
 def weight_bytes_per_npu(cfg: SimConfig) -> float:
