@@ -103,7 +103,7 @@ class StageConfig(_Strict):
     )
     api_server_count: int | None = Field(
         None, ge=1, le=256,
-        description="API server processes of the leader (default: sized from slo.expected_request_rate); at most 256, "
+        description="API server processes of the leader (default: decode sized from its output token target and the measured capacity of one process, a lower value refused; prefill from slo.expected_request_rate); at most 256, "
         "more than a node's cores.",
     )
     recompute_scheduler: bool | None = Field(

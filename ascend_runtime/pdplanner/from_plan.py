@@ -78,6 +78,7 @@ def plan_from_doc(doc: object) -> Plan:
 
     from ascend_runtime.config.loader import problems_from_validation  # noqa: PLC0415
     from ascend_runtime.config.stack import StackConfig  # noqa: PLC0415
+    from ascend_runtime.config.inventory import Inventory  # noqa: PLC0415
     from ascend_runtime.planner import plan as plan_module  # noqa: PLC0415
 
     leaf_names = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
@@ -85,7 +86,8 @@ def plan_from_doc(doc: object) -> Plan:
     def build(cls, data, at):  # type: ignore[no-untyped-def]
         if not isinstance(data, dict):
             raise ValueError(f"{at or 'the document'}: must be a JSON object (got {type(data).__name__})")
-        hints = typing.get_type_hints(cls, vars(plan_module))
+        # the Plan's annotations name Inventory only for type checkers (planner/plan.py): resolve it here too
+        hints = typing.get_type_hints(cls, {**vars(plan_module), "Inventory": Inventory})
         kwargs = {}
         for f in dataclasses.fields(cls):
             if f.name not in data:

@@ -16,6 +16,7 @@ from ascend_runtime.engine.releases import default_image
 from ascend_runtime.hardware import hardware_spec
 from ascend_runtime.planner.engine_rules import check_engine
 from ascend_runtime.planner.flex import check_pd_ratio, place_flex_groups, planned_instances
+from ascend_runtime.planner.frontend_sizing import check_front_end
 from ascend_runtime.planner.hccl_buffer import check_hccl_buffers
 from ascend_runtime.planner.memory import estimate_memory, expert_slots_per_rank
 from ascend_runtime.planner import spares
@@ -86,6 +87,7 @@ def placed_plan(stack: Stack) -> Plan:
     problems += check_stage_shapes(config, hardware, connector)
     problems += check_pd_ratio(config)
     problems += check_hccl_buffers(config.model_dump(mode="json"))  # an explicit HCCL_BUFFSIZE holds MC2's window
+    problems += check_front_end(config.model_dump(mode="json"))  # decode's API servers carry its token target
     ports = check_ports(config, hardware, connector, instance_count)
     if _nodes_wanted(config) > len(inventory.nodes):  # placement names the key that asks for the nodes: a port
         ports = [p for p in ports if not p.path.startswith("ports.")]  # range it overflows is no cause of its own

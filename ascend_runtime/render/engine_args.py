@@ -23,6 +23,7 @@ from typing import Any
 from ascend_runtime.engine.releases import Connector, EngineRelease, release
 from ascend_runtime.planner.engine_rules import extra_additional_config, merge_config
 from ascend_runtime.planner.modules import ModuleDegrees, additional_config_entries
+from ascend_runtime.planner.frontend_sizing import decode_front_end
 from ascend_runtime.planner.plan import InstancePlan, Plan, RankPlan
 
 SEED = 1024  # every DP rank of an instance must sample the same way; the recipes use 1024
@@ -103,9 +104,14 @@ def api_server_count(plan: Plan, inst: InstancePlan) -> int | None:
     """API server processes of an instance's leader.
 
     vLLM 0.23 defaults it to data_parallel_size on the leader (vllm/entrypoints/cli/serve.py), 32 or 64
-    processes for a large-EP decode: the kit sizes it from the stage's key, else from
+    processes for a large-EP decode. Decode: the count that carries the instance's output token target at
+    the measured capacity of one process (planner/frontend_sizing.py; an explicit key below it is refused
+    when the Plan is built). Prefill, which answers one token per request: the stage's key, else
     ``slo.expected_request_rate`` shared across the role's instances, else 1.
     """
+    if inst.role == "decode":
+        front = decode_front_end(plan.config)
+        return front.count if front is not None else 1
     stage = plan.config[inst.role]
     if stage.get("api_server_count"):
         return int(stage["api_server_count"])

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ascend_runtime.cli.stackargs import add_stack_options, input_error, plan_or_exit
 from ascend_runtime.planner import Plan
+from ascend_runtime.planner.frontend_sizing import decode_front_end
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,6 +53,9 @@ def summary_lines(plan: Plan) -> list[str]:
         npus = sum(i.npus for i in insts)
         lines.append(f"{role}: {len(insts)} instance(s), {npus} NPUs on {nodes} nodes")
     lines += [buf.describe() for buf in plan.hccl_buffers.values()]  # planner/hccl_buffer.py
+    front = decode_front_end(plan.config)  # planner/frontend_sizing.py
+    if front is not None:
+        lines.append(front.describe())
     unused = [n.name for n in plan.nodes if n.role is None]
     lines.append(f"unused nodes: {', '.join(unused) if unused else 'none'}")
     lines.append(f"proxy: {plan.proxy_url}")

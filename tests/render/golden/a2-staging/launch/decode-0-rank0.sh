@@ -70,7 +70,7 @@ engine_cmd=(
   --port
   8001
   --api-server-count
-  1
+  4
   --served-model-name
   deepseek-ai/DeepSeek-R1
   --data-parallel-size
