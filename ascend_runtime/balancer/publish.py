@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ascend_runtime.balancer.expert_map import require_valid
+from ascend_runtime.files.jsondoc import read_json
+from ascend_runtime.files.read import EXPERT_MAP, FileRefused
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +44,12 @@ class FilePublisher:
 
     def current(self) -> dict[str, Any] | None:
         """The map now at ``path``, or None if there is none."""
-        try:
-            return json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return None
+        try:  # the kit's reading door: a regular file of at most 64 MiB, never a FIFO or a device
+            return read_json(self.path, EXPERT_MAP, "expert map")
+        except FileRefused as exc:
+            if exc.missing:
+                return None
+            raise
 
     def publish(self, doc: dict[str, Any]) -> str:
         """Validate then atomically replace ``path`` with ``doc``."""

@@ -59,7 +59,6 @@ count per physical slot.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from dataclasses import dataclass
@@ -68,6 +67,9 @@ from typing import Any, Protocol
 
 import aiohttp
 import numpy as np
+
+from ascend_runtime.files.jsondoc import parse_json
+from ascend_runtime.files.read import EXPERT_DUMP, FileRefused, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -203,15 +205,16 @@ class DirLoadSource:
             if not m:
                 continue
             try:
-                try:
-                    text = path.read_bytes().decode("utf-8")
+                try:  # the kit's reading door: a regular file of at most 64 MiB, never a FIFO or a device
+                    text = read_bytes(path, EXPERT_DUMP).decode("utf-8")
+                except FileRefused as exc:
+                    raise DumpFormatError("", f"cannot be read: {exc}") from None
                 except UnicodeDecodeError as exc:
                     raise DumpFormatError("", f"is not utf-8 text (byte {exc.start}); the dumper writes JSON") from None
                 try:
-                    doc = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise DumpFormatError("", f"is not complete JSON ({exc.msg} at line {exc.lineno} column "
-                                              f"{exc.colno}); a partial write?") from None
+                    doc = parse_json(text, path, "dump")
+                except FileRefused as exc:  # a syntax error, a key twice, too deep, a number too long
+                    raise DumpFormatError("", f"is not complete JSON ({exc.message}); a partial write?") from None
                 rank, seq, cum = parse_rank_dump(doc, int(m.group(1)))
                 if total is not None and cum.shape != total.shape:
                     raise DumpFormatError("expert_load", f"is layers x experts {list(cum.shape)}, the other ranks of "

@@ -17,6 +17,7 @@ from pathlib import Path
 import jsonschema
 
 from ascend_runtime.checks.items import CheckFailed, CheckItem, SmokeContext
+from ascend_runtime.files.read import RENDER_OUTPUT, FileRefused, read_text
 from ascend_runtime.planner.plan import Plan
 from ascend_runtime.render.artifacts import render_artifacts
 from ascend_runtime.render.launch import launch_script
@@ -76,10 +77,19 @@ def check_scripts_against_plan(plan: Plan) -> str:
     return f"{len(plan.ranks)} launch scripts carry their node IP and devices"
 
 
+def _text(path: Path) -> str | None:
+    """The text of a rendered file (through the kit's reading door), None when it is no regular UTF-8 file of at
+    most 64 MiB: such a file differs from what the Plan renders."""
+    try:
+        return read_text(path, RENDER_OUTPUT)
+    except FileRefused:
+        return None
+
+
 def _compare(expected: dict[str, str], rendered_dir: Path, what: str) -> str:
     """Files under ``rendered_dir`` must equal ``expected`` ({relative path: text}); raises CheckFailed naming them."""
     missing = [rel for rel in expected if not (rendered_dir / rel).exists()]
-    differing = [rel for rel, text in expected.items() if rel not in missing and (rendered_dir / rel).read_text() != text]
+    differing = [rel for rel, text in expected.items() if rel not in missing and _text(rendered_dir / rel) != text]
     if missing or differing:
         raise CheckFailed(f"{what} not as the Plan renders them: missing {missing or 'none'}, differing {differing or 'none'}")
     return f"{len(expected)} {what} equal the Plan's"

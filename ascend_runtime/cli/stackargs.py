@@ -312,58 +312,21 @@ def check_input_dir(flag: str, value: str | None) -> int | None:
     return None
 
 
-#: Largest JSON input file read (a Plan of a 16-pod CM384 stack is a few MB).
-MAX_JSON_BYTES = 64 * 1024 * 1024
-
-
-class _DuplicateKey(ValueError):
-    """A JSON object gives one key twice (``json`` would keep the last silently)."""
-
-
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    doc: dict[str, object] = {}
-    for key, value in pairs:
-        if key in doc:
-            raise _DuplicateKey(key)
-        doc[key] = value
-    return doc
-
-
 def read_json(flag: str, value: str, what: str = "JSON") -> tuple[object, int]:
     """The decoded JSON document of the file ``value``, or ``(None, 2)`` after an error naming ``flag``.
 
-    Refused, each with the fix: a file that cannot be read, one over :data:`MAX_JSON_BYTES`, text that is
-    not UTF-8 (a leading byte-order mark is accepted), a syntax error (line and column), a key given twice
-    in one object, nesting too deep for the decoder. ``what`` names the document for the hint."""
-    path = Path(value)
-    try:
-        if path.stat().st_size > MAX_JSON_BYTES:
-            return None, input_error(flag, f"{value} is larger than {MAX_JSON_BYTES} bytes; name the {what} file itself")
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None, input_error(flag, f"{value} does not exist; check the name")
-    except IsADirectoryError:
-        return None, input_error(flag, f"{value} is a directory; name the {what} file itself")
-    except OSError as exc:
-        return None, input_error(flag, f"cannot read {value}: {exc.strerror or type(exc).__name__}; check the path")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        return None, input_error(flag, f"{value} is not UTF-8 text (byte 0x{data[exc.start]:02x} at line {line}); "
-                                 f"give the {what} file")
-    import json  # noqa: PLC0415
+    Read through the kit's one reading door (:func:`ascend_runtime.files.jsondoc.read_json`, kind
+    :data:`~ascend_runtime.files.read.JSON_INPUT`): refused, each with the fix, a path that is no regular file
+    (a FIFO, a device, a directory), one over 64 MiB, text that is not UTF-8 (a leading byte-order mark is
+    accepted), a syntax error (line and column), a key given twice in one object, nesting too deep for the
+    decoder, a whole number too long to convert. ``what`` names the document for the hint."""
+    from ascend_runtime.files.jsondoc import read_json as read_document  # noqa: PLC0415
+    from ascend_runtime.files.read import JSON_INPUT, FileRefused  # noqa: PLC0415
 
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates), 0
-    except _DuplicateKey as exc:
-        return None, input_error(flag, f"{value}: key {str(exc)[:60]!r} is given twice in one object (JSON would keep "
-                                 "the last); keep one")
-    except json.JSONDecodeError as exc:
-        return None, input_error(flag, f"{value} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}; "
-                                 f"give the {what} file")
-    except RecursionError:
-        return None, input_error(flag, f"{value} is nested too deeply to be the {what} file; give the {what} file")
+        return read_document(value, JSON_INPUT, what), 0
+    except FileRefused as exc:
+        return None, input_error(flag, str(exc))
 
 
 def write_output(flag: str, value: str, text: str) -> int | None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from ascend_runtime.config.errors import (
     suggest_label,
 )
 from ascend_runtime.config.inventory import Inventory
+from ascend_runtime.config.pulumi_sentinels import sentinel_problems
 from ascend_runtime.config.secrets import (
     EXTRA_ENV_ERROR,
     SECRET_KEYS,
@@ -37,16 +37,14 @@ from ascend_runtime.config.secrets import (
     referenced_pulumi_secrets,
     set_secret_command,
 )
-from ascend_runtime.config.pulumi_sentinels import sentinel_problems
 from ascend_runtime.config.ssh_endpoints import ssh_endpoint_problems
 from ascend_runtime.config.stack import ENV_NAME_ERROR, PROJECT, Stack, StackConfig
 from ascend_runtime.config.yaml_rules import node_problems
+from ascend_runtime.files import read as files
 
 __all__ = ["SECRET_KEYS", "load_stack", "parse_inventory", "parse_stack_config", "read_inventory"]
 
 DEFAULT_STACKS_DIR = Path(__file__).resolve().parents[2] / "stacks"
-#: Largest stack or inventory file read (a 16-pod CM384 inventory is about 2 MB).
-MAX_FILE_BYTES = 32 * 1024 * 1024
 #: Top-level keys of a Pulumi stack file (``Pulumi.<stack>.yaml``).
 STACK_FILE_KEYS = ("config", "secretsprovider", "encryptedkey", "encryptionsalt", "environment")
 #: Longest part of an unknown key compared with the valid ones for a "did you mean" (no key is longer).
@@ -75,34 +73,21 @@ def available_stacks(directory: Path | None = None) -> list[str]:
 # --- reading files ------------------------------------------------------------------------------
 
 
-def read_text(path: Path, what: str) -> str:
-    """The UTF-8 text of a regular file; ConfigError (path ``what``) for anything else."""
-    def fail(message: str, hint: str) -> ConfigError:
-        return ConfigError.single(what, message, hint=hint, source=str(path))
+#: The file kind (size cap, fix) of each document the loader reads, by the name its errors use.
+_KINDS = {"stack": files.STACK_FILE, "inventory": files.INVENTORY, "playbook": files.PLAYBOOK, "--vars": files.VARS_FILE}
 
+
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of a regular file, through the kit's one reading door (:mod:`ascend_runtime.files.read`:
+    no FIFO, device or directory, the size capped per kind before reading); ConfigError (path ``what``) for
+    anything else."""
     try:
-        info = path.stat()
-    except FileNotFoundError:
-        raise fail(f"file not found: {path}", "check the name and the stacks directory") from None
-    except OSError as exc:
-        raise fail(f"cannot read {path}: {exc.strerror or type(exc).__name__}", "check the path") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise fail(f"{path} is a directory", "name the YAML file itself") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise fail(f"{path} is not a regular file", "name a YAML file") from None
-    if info.st_size > MAX_FILE_BYTES:
-        raise fail(f"{path} is {info.st_size} bytes, more than {MAX_FILE_BYTES}", "name the YAML file itself")
-    try:
-        data = path.read_bytes()
-    except PermissionError:
-        raise fail(f"cannot read {path}: permission denied", "make it readable by this user") from None
-    except OSError as exc:
-        raise fail(f"cannot read {path}: {exc.strerror or type(exc).__name__}", "check the file") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise fail(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at line {line})", "save the file as UTF-8") from None
+        return files.read_text(path, _KINDS.get(what, files.STACK_FILE))
+    except files.FileRefused as exc:
+        if exc.missing:
+            raise ConfigError.single(what, f"file not found: {path}", hint="check the name and the stacks directory",
+                                     source=str(path)) from None
+        raise ConfigError.single(what, exc.message, hint=exc.hint, source=str(path)) from None
 
 
 def _node_path(path: tuple[Any, ...]) -> str:

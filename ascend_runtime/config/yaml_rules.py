@@ -10,7 +10,8 @@ refuses them (docs/validation.md, files):
 - ``0b101`` and ``1_000``: YAML 1.1 binary and digit-grouped numbers, text in YAML 1.2;
 - ``yes``, ``no``, ``on``, ``off`` (any case): YAML 1.1 booleans, text in YAML 1.2;
 - a whole number of more than :data:`MAX_INT_DIGITS` digits (Python refuses to convert one of more than
-  4300 with a ValueError, a traceback at the constructor; no setting of the kit has more than 20).
+  4300 with a ValueError, a traceback at the constructor; no setting of the kit has more than 20, and a
+  shorter one too large for its key is refused by the key's own bound, which the error names).
 
 The walk visits every node once (aliases may repeat or nest a node), so its cost is the document's size;
 the document's depth is bounded before composing (``loader.too_deep_at``).
@@ -24,8 +25,8 @@ from typing import Any
 
 import yaml
 
-#: Most digits a whole number in a YAML file may have (2^64 has 20; 32 leaves room for any real value).
-MAX_INT_DIGITS = 32
+#: Most digits a whole number in a YAML file may have (2^64 has 20); below Python's own limit of 4300.
+MAX_INT_DIGITS = 1000
 
 _INT_TAG = "tag:yaml.org,2002:int"
 _FLOAT_TAG = "tag:yaml.org,2002:float"

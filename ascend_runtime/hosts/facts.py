@@ -46,6 +46,7 @@ from ascend_runtime.hosts.engine import DEVICES_PER_NODE, RunReport, _get
 
 #: The problem recorded for a host left as it was because a host-level step failed.
 HOST_NOT_UPDATED = "not updated: the host has failed steps"
+from ascend_runtime.files.read import INVENTORY, FileRefused, read_text
 from ascend_runtime.hosts.playbook import FactsSpec
 
 HEADER = (
@@ -174,10 +175,11 @@ def write_if_changed(path: Path, text: str) -> bool:
     """Write ``text`` atomically (temp file + rename) unless the file already holds it; True if written."""
     path = Path(path)
     try:
-        if path.read_text(encoding="utf-8") == text:
+        if read_text(path, INVENTORY) == text:
             return False
-    except FileNotFoundError:
-        pass
+    except FileRefused as exc:
+        if not exc.missing:  # a FIFO, a device or a directory where the inventory goes: never written over
+            raise
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

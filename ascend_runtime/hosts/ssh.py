@@ -57,6 +57,8 @@ from dataclasses import dataclass, field
 
 import paramiko
 
+from ascend_runtime.files.read import KNOWN_HOSTS, FileRefused, read_bytes
+
 #: Captured bytes kept per stream (stdout, stderr) and command; the rest is dropped and counted.
 MAX_OUTPUT_BYTES = 1 << 20
 
@@ -176,15 +178,14 @@ class KnownHosts:
 
     @classmethod
     def load(cls, path: str) -> KnownHosts:
-        """Read ``path`` (a missing file is empty; an unreadable one sets ``error``)."""
+        """Read ``path`` (a missing file is empty; an unreadable one, or one that is no regular file or over
+        16 MiB, sets ``error``)."""
         kh = cls(path)
-        try:
-            with open(kh.path, encoding="utf-8", errors="replace") as fh:
-                text = fh.read()
-        except FileNotFoundError:
-            return kh
-        except OSError as exc:
-            kh.error = f"cannot read known_hosts {kh.path}: {exc.strerror or exc}"
+        try:  # the kit's reading door: a regular file of at most 16 MiB, never a FIFO or a device
+            text = read_bytes(kh.path, KNOWN_HOSTS).decode("utf-8", errors="replace")
+        except FileRefused as exc:
+            if not exc.missing:
+                kh.error = f"cannot read known_hosts: {exc}"
             return kh
         for lineno, raw in enumerate(text.splitlines(), 1):
             line = raw.strip()

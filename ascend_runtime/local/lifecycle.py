@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aiohttp
 
+from ascend_runtime.files.read import TOKEN, FileRefused, read_text
 from ascend_runtime.local.processes import is_alive, stop_process_group
 from ascend_runtime.local.runner import LocalStackError, log_tail, ownership, signals_held, start_spec
 from ascend_runtime.local.state import ProcessRecord, StackState
@@ -24,12 +25,15 @@ from ascend_runtime.planner.plan import Plan
 
 
 def read_tokens(state_dir: Path) -> dict[str, str]:
-    """The admin tokens the running stack was started with (variable -> token), from their files."""
+    """The admin tokens the running stack was started with (variable -> token), from their files; a missing file
+    is a missing token, one that is no regular file of at most 4 KiB is a LocalStackError."""
     tokens = {}
     for env, name in TOKEN_FILES.items():
-        path = state_dir / name
-        if path.exists():
-            tokens[env] = path.read_text().strip()
+        try:  # the kit's reading door: a regular file of at most 4 KiB, never a FIFO or a device
+            tokens[env] = read_text(state_dir / name, TOKEN).strip()
+        except FileRefused as exc:
+            if not exc.missing:
+                raise LocalStackError(f"token file {exc}") from None
     return tokens
 
 

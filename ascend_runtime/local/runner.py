@@ -48,6 +48,7 @@ from ascend_runtime.local.processes import (
     stop_process_group,
 )
 from ascend_runtime.config.errors import ConfigError
+from ascend_runtime.files.read import FileRefused, read_tail
 from ascend_runtime.local.state import ProcessRecord, StackState
 from ascend_runtime.local.topology import (
     ENGINE_KINDS,
@@ -143,9 +144,9 @@ class UpOptions:
 
 def log_tail(path: str, lines: int = 15) -> str:
     """The last ``lines`` lines of a log file (for error messages); each run starts a fresh log."""
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
+    try:  # the last MiB at most, whatever the log's size; never a FIFO or a device
+        return "\n".join(read_tail(path).decode(errors="replace").splitlines()[-lines:])
+    except FileRefused:
         return "(no log)"
 
 

@@ -53,23 +53,28 @@ class StackState:
 
     @classmethod
     def load(cls, directory: Path) -> StackState | None:
-        """Read state.json, or None when the stack is not running from this directory."""
-        path = directory / "state.json"
-        if not path.exists():
-            return None
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            state = cls._from_dict(data)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-            from ascend_runtime.config.errors import ConfigError  # noqa: PLC0415
+        """Read state.json (through the kit's reading door: a regular file of at most 8 MiB, never a FIFO or a
+        device), or None when there is none or it is empty: the stack is not running from this directory, or
+        its state was lost (``down`` and ``status`` then look at the stack's ports)."""
+        from ascend_runtime.config.errors import ConfigError  # noqa: PLC0415
+        from ascend_runtime.files.jsondoc import parse_json  # noqa: PLC0415
+        from ascend_runtime.files.read import STATE_FILE, FileRefused, decode_utf8, read_bytes  # noqa: PLC0415
 
-            if isinstance(exc, RecursionError):
-                exc = ValueError("nested too deeply")
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
-            raise ConfigError.single("--state-dir", f"{path} is not a state file `ascend-deploy up` wrote ({why[:120]})",
-                                     hint="if no process of that stack runs, remove the file; else name the stack's "
-                                     "own state directory") from None
-        return state
+        path = directory / "state.json"
+        try:
+            raw = read_bytes(path, STATE_FILE)
+            if not raw.strip():
+                return None
+            return cls._from_dict(parse_json(decode_utf8(raw, path), path, "state"))
+        except FileRefused as exc:
+            if exc.missing:
+                return None
+            why = exc.message
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+            why = str(exc) or type(exc).__name__
+        raise ConfigError.single("--state-dir", f"{path} is not a state file `ascend-deploy up` wrote ({why[:160]})",
+                                 hint="if no process of that stack runs, remove the file; else name the stack's "
+                                 "own state directory") from None
 
     @classmethod
     def _from_dict(cls, data: object) -> StackState:

@@ -188,15 +188,15 @@ def unreadable(target: str) -> Callable[[Path], contextlib.AbstractContextManage
     """Reading the stack or inventory file fails with EACCES (tests may run as root, so it is patched)."""
 
     def patch(stacks: Path) -> contextlib.AbstractContextManager[Any]:
-        original = Path.read_bytes
+        original = os.open
 
-        def read_bytes(self: Path) -> bytes:
-            name = self.name
-            if (target == "stack" and name.startswith("Pulumi.")) or (target == "inventory" and "inventories" in self.parts):
-                raise PermissionError(13, "Permission denied", str(self))
-            return original(self)
+        def opener(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+            file = Path(os.fsdecode(path))
+            if (target == "stack" and file.name.startswith("Pulumi.")) or (target == "inventory" and "inventories" in file.parts):
+                raise PermissionError(13, "Permission denied", str(file))
+            return original(path, flags, *args, **kwargs)
 
-        return mock.patch.object(Path, "read_bytes", read_bytes)
+        return mock.patch.object(os, "open", opener)  # the kit's reading door opens files with os.open
 
     return patch
 

@@ -149,13 +149,14 @@ def _read_history(path: str, field: str = "--history") -> tuple[np.ndarray | Non
         return np.stack(windows), 0
     if not p.is_file():
         return None, input_error(field, f"{path} is not a regular file; give a .npy file or a directory of dump snapshots")
-    try:
-        raw = np.load(p, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        return None, input_error(field, f"{path} is not a readable .npy array ({_short(exc)}); give a file numpy.save wrote"
-                                        f"{_map_record_hint([p])}")
-    if not isinstance(raw, np.ndarray):  # an .npz archive
-        return None, input_error(field, f"{path} is an .npz archive, not one .npy array; save the [W, L, E] array with numpy.save")
+    from ascend_runtime.files.npy import load_npy  # noqa: PLC0415
+    from ascend_runtime.files.read import NPY_LOAD, FileRefused  # noqa: PLC0415
+
+    try:  # its header is checked against the file's size and caps before anything is allocated: the
+        # file at most 1 GiB, its values at most 1 GiB once converted to float64 below
+        raw = load_npy(p, max_elements=NPY_LOAD.max_bytes // 8)
+    except FileRefused as exc:
+        return None, input_error(field, f"{exc}{_map_record_hint([p])}")
     if raw.dtype.kind not in "iuf":
         return None, input_error(field, f"{path} holds {raw.dtype} values, not token counts; save integer or float counts")
     hist = raw.astype(np.float64)
@@ -164,10 +165,12 @@ def _read_history(path: str, field: str = "--history") -> tuple[np.ndarray | Non
 
 def _map_record_hint(paths: list[Path]) -> str:
     """A hint when one of ``paths`` is vLLM-Ascend's expert-map record, which holds no load ("" otherwise)."""
+    from ascend_runtime.files.read import EXPERT_MAP, FileRefused, read_head  # noqa: PLC0415
+
     for path in paths:
         try:
-            head = path.read_bytes()[:4096]
-        except OSError:
+            head = read_head(path, EXPERT_MAP, 4096)
+        except (FileRefused, OSError):
             continue
         if b'"moe_layer_count"' in head and b'"layer_list"' in head:
             return (f"; {path.name} is an expert map (vLLM-Ascend expert_map_record_path), not expert load: the engine "

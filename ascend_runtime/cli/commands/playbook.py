@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ascend_runtime.cli.stackargs import path_arg, path_type
+from ascend_runtime.cli.stackargs import input_error, path_arg, path_type
 from ascend_runtime.config.errors import ConfigError
 from ascend_runtime.hosts import playbook as pb
 from ascend_runtime.hosts.engine import Runner, RunReport, StepResult
@@ -288,15 +288,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             if issues != [HOST_NOT_UPDATED]:
                 on_result(StepResult(host, "inventory facts", "fail", "; ".join(issues)))
                 report.results.append(StepResult(host, "inventory facts", "fail", "; ".join(issues)))
-        current = Path(inventory_path).read_text(encoding="utf-8")
-        text = dump_inventory(new_inventory, current)
-        if args.check:
-            extra["inventory_would_change"] = text != current
-            console.print(f"inventory {inventory_path}: " + ("would change" if text != current else "unchanged"))
-        else:
-            written = write_if_changed(Path(inventory_path), text)
-            extra["inventory_written"] = written
-            console.print(f"inventory {inventory_path}: " + ("written" if written else "unchanged (no byte changed)"))
+        from ascend_runtime.files.read import INVENTORY, FileRefused, read_text  # noqa: PLC0415
+
+        try:  # read and checked above; read again through the door in case it was replaced meanwhile
+            current = read_text(Path(inventory_path), INVENTORY)
+            text = dump_inventory(new_inventory, current)
+            if args.check:
+                extra["inventory_would_change"] = text != current
+                console.print(f"inventory {inventory_path}: " + ("would change" if text != current else "unchanged"))
+            else:
+                written = write_if_changed(Path(inventory_path), text)
+                extra["inventory_written"] = written
+                console.print(f"inventory {inventory_path}: " + ("written" if written else "unchanged (no byte changed)"))
+        except FileRefused as exc:
+            return input_error("inventory", f"{exc}; the facts were not written")
 
     hosts = [n.name for n in inventory.nodes if not limit or n.name in limit or str(n.host_ip) in limit
              or (n.ssh_host and n.ssh_host in limit)]
