@@ -85,11 +85,23 @@ def listen_ports(plan: Plan) -> list[ListenPort]:
     return ports
 
 
-def simulator_spec(plan: Plan, name: str, stacks_dir: str | None = None) -> ProcessSpec:
-    """The simulator of instance ``name`` (a running or, with ``pd_ratio: auto``, a standby instance)."""
+def simulator_spec(plan: Plan, name: str, stacks_dir: str | None = None, placed: bool = False) -> ProcessSpec:
+    """The simulator of instance ``name`` (a running or, with ``pd_ratio: auto``, a standby instance).
+
+    It reads its options from the stack's Plan when it starts (``sim --stack``); ``placed``: every option on
+    its command line instead, from ``plan``, for a Plan the stack file alone does not give (the fault
+    watcher's, with faulted nodes taken out and spares in their place: ``faults/spares_local.py``).
+    """
     inst = plan.instance(name)
-    where = ("--stacks-dir", str(stacks_dir)) if stacks_dir else ()
-    argv = _cli("sim", "--stack", plan.stack, *where, "--instance", inst.name, "--admin-token-env", SIM_TOKEN_ENV)
+    if placed:
+        from ascend_runtime.perf.from_plan import sim_config_from_plan  # noqa: PLC0415 - only a moved instance
+        from ascend_runtime.perf.sim_flags import argv_from_config  # noqa: PLC0415
+
+        options: tuple[str, ...] = tuple(argv_from_config(sim_config_from_plan(plan, inst)))
+    else:
+        where = ("--stacks-dir", str(stacks_dir)) if stacks_dir else ()
+        options = ("--stack", plan.stack, *where, "--instance", inst.name)
+    argv = _cli("sim", *options, "--admin-token-env", SIM_TOKEN_ENV)
     return ProcessSpec(inst.name, "simulator", argv, f"{inst.api_url}/health", (SIM_TOKEN_ENV,))
 
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ascend_runtime.local.lifecycle import process_spec, record_of, replace_one
 from ascend_runtime.local.runner import LocalStackError
 from ascend_runtime.local.state import StackState
-from ascend_runtime.local.topology import ENGINE_KINDS
+from ascend_runtime.local.topology import ENGINE_KINDS, ProcessSpec
 from ascend_runtime.planner.plan import Plan
 from ascend_runtime.rollout.order import RolloutInputError, Target, ordered
 from ascend_runtime.rollout.steps import ReplaceError
@@ -79,14 +80,20 @@ def _routed(state_dir: Path) -> dict[str, str]:
 
 
 class LocalDriver:
-    """Stops a simulator and starts it again from the stack file (``local.lifecycle.replace_one``)."""
+    """Stops a simulator and starts it again from the stack file (``local.lifecycle.replace_one``).
+
+    ``spec_of(name)`` gives the process to start instead of the launcher's (the fault watcher starts a moved
+    instance from its own Plan: ``faults/spares_local.py``).
+    """
 
     kind = "local"
 
     def __init__(self, plan: Plan, state: StackState, state_dir: Path, stacks_dir: str | None = None,
-                 ready_timeout_s: float = 60.0, grace_s: float = 5.0) -> None:
+                 ready_timeout_s: float = 60.0, grace_s: float = 5.0,
+                 spec_of: Callable[[str], ProcessSpec] | None = None) -> None:
         self.plan, self.state, self.state_dir, self.stacks_dir = plan, state, state_dir, stacks_dir
         self.ready_timeout_s, self.grace_s = ready_timeout_s, grace_s
+        self.spec_of = spec_of or (lambda name: process_spec(self.plan, self.state_dir, name, self.stacks_dir))
 
     def describe(self, target: Target) -> str:
         record = record_of(self.state, target.name)
@@ -97,7 +104,7 @@ class LocalDriver:
     async def replace(self, target: Target) -> str:
         record = record_of(self.state, target.name)
         old = record.pid if record else None
-        spec = process_spec(self.plan, self.state_dir, target.name, self.stacks_dir)
+        spec = self.spec_of(target.name)
         start = time.monotonic()
         try:
             new = await replace_one(self.state, self.state_dir, spec, self.ready_timeout_s, self.grace_s)

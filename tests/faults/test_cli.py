@@ -20,7 +20,8 @@ from .fake_kube import FakeKubernetesApi
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--stack", "local"], "ASCEND_PROXY_TOKEN"),
+    (["--stack", "kind"], "ASCEND_PROXY_TOKEN"),
+    (["--stack", "local", "--state-dir", "no-stack-here"], "local stack local is not running"),
     (["--stack", "kind", "--proxy-service", "pd-proxy"], "NAMESPACE/NAME:PORT"),
     (["--topology", "/nonexistent/topology.json", "--proxy", "http://127.0.0.1:1"], "--topology"),
     (["--topology", "x.json"], "--proxy/--proxy-service"),

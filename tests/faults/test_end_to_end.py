@@ -109,8 +109,8 @@ async def test_link_fault_drains_within_two_cycles_and_in_flight_requests_finish
 
 
 async def test_npu_fault_that_breaks_the_engine(system: System) -> None:
-    """An NPU fault that stalls decode-0: its running streams end with the proxy's clean SSE error and
-    [DONE]; new requests are served by decode-1 from the next cycle on."""
+    """An NPU fault that stalls decode-0: its running streams continue on decode-1 once the proxy gives up on
+    the stall (one whole answer each, no error); new requests are served by decode-1 from the next cycle on."""
     system.watcher()
     observer = DrainObserver(system, "n-d0a", "decode-0")
     load = Load(system.session, system.proxy_urls)
@@ -126,11 +126,9 @@ async def test_npu_fault_that_breaks_the_engine(system: System) -> None:
     await wait_for(lambda: system.inflight("decode-0") == 0, "decode-0's streams to end (idle timeout)")
     results = await load.stop()
 
-    stalled = [r for r in streaming if r.tokens < 96]
-    assert stalled, "no stream was cut by the fault"
-    for r in stalled:  # a clean end: HTTP 200 stream, an OpenAI error event, then [DONE]; no broken connection
-        assert r.status == 200 and r.broken is None and r.done, r
-        assert r.error, r
+    assert streaming, "no stream was running on decode-0 when it stalled"
+    for r in streaming:  # continued elsewhere after the stall: HTTP 200, every token, [DONE]; no error event
+        assert r.status == 200 and r.broken is None and r.done and r.error is None and r.tokens == 96, r
     after = [r for r in results if r.sent_at > drained_at]
     assert after and {r.decode for r in after} == {"decode-1"}
     assert all(r.status == 200 and r.done and r.error is None and r.tokens == 96 for r in after)

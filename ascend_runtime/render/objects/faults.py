@@ -21,6 +21,8 @@ the watcher drains through the proxy's admin API, which needs that token.
   ``mindx-dl`` for NodeD): ``list`` pods, to see the source's DaemonSet pod on
   every node (``faults/sources.py``);
 * ConfigMap with the topology (nodes, instances, spares; the image has no stack files);
+* with spare nodes, what recovery onto them needs (``fault_spares.py``): the stack as data, ``patch`` of
+  the Plan's nodes and of the engine instances' objects, by name;
 * Deployment (one replica, PSS restricted, read-only root, kept off the serving
   nodes when it can be: a node fault must not take the watcher with it) and
   its metrics Service;
@@ -59,6 +61,12 @@ from ascend_runtime.render.objects.controller import (
     single_deployment,
 )
 from ascend_runtime.render.objects.fault_alerts import alert_rules
+from ascend_runtime.render.objects.fault_spares import (
+    spare_cluster_rules,
+    spare_namespace_rules,
+    stack_data,
+    stack_data_args,
+)
 from ascend_runtime.render.objects.network import controller_policies
 
 COMPONENT = "faults"
@@ -88,8 +96,9 @@ def cluster_role_name(ctx: Context) -> str:
 
 
 def cluster_rules(ctx: Context) -> list[dict[str, Any]]:
-    """``get`` on the Plan's nodes and on their MindCluster fault ConfigMaps, by name only."""
-    return rules_for_nodes([n.name for n in ctx.plan.nodes])
+    """``get`` on the Plan's nodes and on their MindCluster fault ConfigMaps, by name only (and, with spares,
+    ``patch`` of the nodes: fault_spares.py)."""
+    return rules_for_nodes([n.name for n in ctx.plan.nodes]) + spare_cluster_rules(ctx)
 
 
 def rules_for_nodes(nodes: list[str]) -> list[dict[str, Any]]:
@@ -153,7 +162,7 @@ def watch_command(ctx: Context) -> list[str]:
             "--device-plugin-namespace", signals.DEVICE_INFO_NAMESPACE,
             "--noded-namespace", signals.NODE_INFO_NAMESPACE,
             # the CLI binds 127.0.0.1 by default; Prometheus and the kubelet's probes use the pod IP
-            "--metrics-host", "0.0.0.0", "--metrics-port", str(METRICS_PORT)]
+            "--metrics-host", "0.0.0.0", "--metrics-port", str(METRICS_PORT), *stack_data_args(ctx, TOPOLOGY_DIR)]
 
 
 def network_policies(ctx: Context) -> list[K8sObject]:
@@ -188,11 +197,11 @@ def fault_watcher_objects(plan: Plan, proxy_token: bool, secrets: frozenset[str]
         {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRole", "metadata": cluster_meta, "rules": cluster_rules(ctx)},
         {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRoleBinding", "metadata": cluster_meta,
          "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": cluster_role_name(ctx)}, "subjects": subject},
-        *role_with_binding(ctx, NAME, COMPONENT, selector, namespace_rules()),
+        *role_with_binding(ctx, NAME, COMPONENT, selector, namespace_rules() + spare_namespace_rules(ctx)),
         *event_role_objects(ctx, selector),
         *source_pod_role_objects(ctx, selector),
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(TOPOLOGY_CONFIGMAP),
-         "data": {TOPOLOGY_KEY: json.dumps(topology, indent=2, sort_keys=True) + "\n"}},
+         "data": {TOPOLOGY_KEY: json.dumps(topology, indent=2, sort_keys=True) + "\n", **stack_data(ctx)}},
         *network_policies(ctx),
         single_deployment(ctx, NAME, COMPONENT, selector, pod_spec),
         metrics_service(ctx, NAME, COMPONENT, selector, METRICS_PORT),

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from ascend_runtime.planner.plan import InstancePlan
+from ascend_runtime.planner.spares import SHARED, spare_roles
 from ascend_runtime.render.objects.common import (
     LABEL_COMPONENT,
     LABEL_INSTANCE,
@@ -96,15 +97,23 @@ def _monitoring(ctx: Context) -> dict[str, Any]:
     return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ctx.k8s["monitoring_namespace"]}}}
 
 
+def spare_addresses(ctx: Context, role: str | None = None) -> list[str]:
+    """Host addresses of the spare nodes an instance of ``role`` may move to (any role: every spare), where the
+    fault watcher recreates a faulted instance (planner/spares.py): allows towards a leader name them too."""
+    kept = spare_roles(ctx.plan)
+    return [n.host_ip for n in ctx.plan.nodes if n.name in kept and (role is None or kept[n.name] in (role, SHARED))]
+
+
 def to_leader(ctx: Context, inst: InstancePlan) -> dict[str, Any]:
-    """Egress rule to one instance leader's API port: its pod and its node's address (by port only on kind)."""
+    """Egress rule to one instance leader's API port: its pod and its node's address, and the addresses of the
+    spares it may move to (by port only on kind)."""
     ports = [{"protocol": "TCP", "port": inst.api_port}]
     if ctx.simulated:
         return {"ports": ports}
     leader = inst.ranks[0]
     return {"to": [{"podSelector": {"matchLabels": {LABEL_COMPONENT: "engine", LABEL_INSTANCE: inst.name,
                                                     LABEL_LEADER: "true"}}},
-                   {"ipBlock": {"cidr": f"{leader.host_ip}/32"}}],
+                   *({"ipBlock": {"cidr": f"{ip}/32"}} for ip in [leader.host_ip, *spare_addresses(ctx, inst.role)])],
             "ports": ports}
 
 
@@ -123,6 +132,7 @@ def engine_network_policy(ctx: Context) -> K8sObject:
         clients.append(_monitoring(ctx))
     peers: list[dict[str, Any]] = [{"podSelector": _component("engine")}]
     peers += [{"ipBlock": {"cidr": f"{ip}/32"}} for ip in sorted({r.host_ip for r in ctx.plan.ranks})]
+    peers += [{"ipBlock": {"cidr": f"{ip}/32"}} for ip in spare_addresses(ctx)]  # where a faulted rank moves
     return network_policy(ctx, "engine-ingress", "engine", _component("engine"), ["Ingress"],
                    ingress=[{"from": clients, "ports": ports}, {"from": peers}])
 
