@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_runtime.faults.spares import Move, NotReady, RecreateError
+from ascend_runtime.files.read import STATE_FILE, read_text
 from ascend_runtime.local.lifecycle import process_spec, record_of, replace_one
 from ascend_runtime.local.runner import LocalStackError
 from ascend_runtime.local.state import StackState
@@ -43,7 +44,7 @@ def read_record(state_dir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(read_text(path, STATE_FILE))  # the kit's one file-reading door: a regular file, capped
         nodes = [n for n in doc["nodes"] if isinstance(n, dict) and isinstance(n["name"], str)]
         if len(nodes) != len(doc["nodes"]):
             raise ValueError("an entry without a name")
