@@ -4,6 +4,7 @@ instance's, the smoke check tells a pair that moves KV from one that does not.""
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import json
 import secrets
 import time
@@ -161,6 +162,17 @@ def _texts(url: str, case) -> tuple[int, list[str]]:  # noqa: ANN001 - a conform
     return status, [(c["message"]["content"] if case.chat else c["text"]) or "" for c in doc["choices"]]
 
 
+def _coalesced(diff) -> bool:  # noqa: ANN001 - a conformance Difference
+    """A stream whose text events differ only in how many there are: vLLM merges the deltas of a request
+    that its output handler had not sent yet into one event (``RequestOutputKind.DELTA``), so on a busy
+    machine a choice's text may come in fewer events, or in its finish event, whichever server it is."""
+    if diff.where != "sse per_choice":
+        return False
+    def bare(kinds: list[str]) -> list[list[str]]:
+        return [[k for k in seq.split() if k != "content"] for seq in kinds]
+    return bare(diff.recorded) == bare(diff.found)
+
+
 def test_the_sdk_corpus_through_pd_answers_as_one_instance_does(real_stack: RealStack) -> None:
     """The conformance corpus (completions and chat, stream or not, n>1, logprobs, echo, stop strings,
     max_tokens edges, a bad model, a prompt over max-model-len, bad JSON, wrong types, unknown fields)
@@ -178,13 +190,17 @@ def test_the_sdk_corpus_through_pd_answers_as_one_instance_does(real_stack: Real
     direct = asyncio.run(drive(single, cases))
     through = asyncio.run(drive(real_stack.proxy, cases))
     table = load_intentional()
-    diffs = [d for d in compare.compare(direct, through) if not compare.is_intentional(d, "proxy", table)]
+    diffs = [d for d in compare.compare(direct, through) if not compare.is_intentional(d, "proxy", table)
+             and not _coalesced(d)]
     assert not diffs, "\n".join(str(d) for d in diffs)
     assert direct["cmpl.max_tokens_over_len"]["status"] == through["cmpl.max_tokens_over_len"]["status"] == 400
     assert direct["cmpl.prompt_too_long"]["status"] == through["cmpl.prompt_too_long"]["status"] == 400
 
+    # a case the proxy answers differently on purpose, as a whole (docs/simulator.md), has no text to compare
+    whole = [e["case"] for e in table if e["target"] in ("proxy", "both") and e["where"] == "*"]
     greedy_cases = [c for c in cases if isinstance(c.body, dict) and c.body.get("temperature") == 0
-                    and c.raw is None and not c.stop_from_output and "batch" not in c.name]
+                    and c.raw is None and not c.stop_from_output and "batch" not in c.name
+                    and not any(fnmatch.fnmatchcase(c.name, pattern) for pattern in whole)]
     compared = 0
     for case in greedy_cases:
         want, got = _texts(single, case), _texts(real_stack.proxy, case)
