@@ -18,9 +18,9 @@ decode answers over aiohttp's client. Failure policy:
 - decode fails (a broken connection, a stall) after bytes were relayed: the
   stream continues on another decode instance the way an evacuated stream does
   (below), since the client has only whole events; a stream that cannot be
-  continued (migrate.py: ``n`` > 1, ``echo``, a prompt that is not one string,
-  fewer than 2 tokens left, its end already relayed), or with no other decode
-  routable, gets one SSE error event and ``[DONE]``;
+  continued (migrate.py: ``n`` > 1, ``echo``, a prompt that is not one string),
+  or with no other decode routable, gets one SSE error event and ``[DONE]``; one
+  whose end (finish reason, usage) was relayed gets the ``[DONE]`` it was owed;
 - the client disconnects: the handler is cancelled, which closes the upstream
   connections (the engine aborts the request);
 - a 4xx answer from an instance is relayed to the client unchanged (during a
@@ -660,7 +660,9 @@ class Forwarder:
                                        self.cfg.stream_idle_timeout_s,
                                        continuation_rewrite(tracker) if continuing else None)
         except RelayError as exc:
-            if handle.continuable() and self.pool.others_routable(d_state):  # the rest from another decode
+            if handle.finished():  # the answer's end was relayed before the break: only [DONE] is missing
+                return await self._end_broken(client_resp, d_state, exc, client_id, attempt_id)
+            if handle.continuable(min_left=1) and self.pool.others_routable(d_state):  # the rest from another decode
                 return self._resume_broken(client_resp, d_state, exc, tracker, relayed_events(history, chunked),
                                            client_id, attempt_id)
             return await self._stream_broke(client_resp, d_state, exc, client_id, attempt_id)
@@ -687,6 +689,15 @@ class Forwarder:
         except (ConnectionError, RuntimeError):
             return ("client_gone", client_resp)
         return ("done", client_resp)
+
+    async def _end_broken(self, client_resp: web.StreamResponse, d_state: InstanceState, exc: RelayError,
+                          client_id: str, attempt_id: str) -> tuple[Any, ...]:
+        """Decode broke after relaying the answer's end (its finish reason or usage): the instance is marked
+        failed and the client's stream is closed with the ``[DONE]`` it was owed; the answer is whole."""
+        self.pool.record_failure(d_state, ("unreachable, " if exc.hard else "") + exc.reason, exc.hard)
+        log.warning("request %s: decode %s on %s broke after the answer's end (%s); closing the stream with [DONE]",
+                    client_id, attempt_id, d_state.name, exc.reason)
+        return ("done", await self._end_stream(client_resp, b"data: [DONE]\n\n"))
 
     def _resume_broken(self, client_resp: web.StreamResponse, d_state: InstanceState, exc: RelayError,
                        tracker: MigrationTracker, events: list[dict[str, Any]], client_id: str,

@@ -237,7 +237,7 @@ class StreamHandle:
     def __init__(self, conn: DecodeConnection, tracker: MigrationTracker, history: list[bytes], chunked: bool) -> None:
         self.conn, self.tracker, self.history, self.chunked = conn, tracker, history, chunked
 
-    def _finished(self) -> bool:
+    def finished(self) -> bool:
         """The last write already ended the answer (a finish reason, or the usage chunk)."""
         if not self.history:
             return False
@@ -249,17 +249,18 @@ class StreamHandle:
                 return True
         return False
 
-    def continuable(self) -> bool:
-        """True if the rest of this stream can come from another instance (module docstring)."""
+    def continuable(self, min_left: int = MIN_TOKENS_LEFT) -> bool:
+        """True if the rest of this stream can come from another instance (module docstring); ``min_left``: the
+        fewest tokens still due that make a continuation worth a prefill (a broken stream takes any: 1)."""
         t = self.tracker
         if not migratable(t):
             return False
         limit = t.limit()
         if limit is not None:
             relayed = sum(d.count(b"\n\n") for d in self.history)  # events this attempt: an upper bound of tokens
-            if limit - t.tokens_relayed() - relayed < MIN_TOKENS_LEFT:
+            if limit - t.tokens_relayed() - relayed < min_left:
                 return False
-        return not self._finished()
+        return not self.finished()
 
     def migrate(self) -> bool:
         """Stop relaying this stream so it is continued elsewhere; False if it finishes in place."""

@@ -221,3 +221,55 @@ async def test_with_no_prefill_handing_kv_over_the_client_gets_an_error_naming_i
         assert resp.status in (502, 503), body
     assert "kv_transfer_params" in body["error"]["message"] and "no-connector" in body["error"]["message"], body
     assert d.engine.requests == [], "decode was asked to recompute a prompt no prefill handed over"
+
+
+def _breaking_after(events: list[bytes]):  # type: ignore[no-untyped-def]
+    """A stub decode answer that streams ``events`` and then dies (its connection closed, no [DONE])."""
+    from aiohttp import web  # noqa: PLC0415
+
+    async def answer(request, req, chat):  # type: ignore[no-untyped-def]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in events:
+            await resp.write(event)
+        await asyncio.sleep(0.05)
+        request.transport.close()
+        return resp
+
+    return answer
+
+
+def _token(k: int, finish: str | None = None) -> bytes:
+    choice = {"index": 0, "text": f" w{k}", "finish_reason": finish}
+    return b"data: " + json.dumps({"id": "cmpl-x", "object": "text_completion", "created": 1, "model": "m",
+                                   "choices": [choice]}).encode() + b"\n\n"
+
+
+async def test_a_stream_broken_one_token_short_continues_elsewhere(stubs, proxy, http):
+    """A broken stream is continued even for its last token (a drain's migration would let it finish in place)."""
+    p = await stubs("prefill", "p0")
+    victim, good = await stubs("decode", "victim"), await stubs("decode", "good")
+    victim.engine._decode_answer = _breaking_after([_token(k) for k in range(3)])  # type: ignore[method-assign]
+    px = await proxy(p, victim, good)
+    px.pool.get("good").kv_usage = 1.0  # victim first
+    async with http.post(px.url + "/v1/completions", json={**REQ, "max_tokens": 4}) as resp:
+        assert resp.headers["x-decode-instance"] == "victim"
+        events = [e for e in (await resp.read()).decode().split("\n\n") if e]
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    assert events[-1] == "data: [DONE]" and all("error" not in c for c in chunks), events[-3:]
+    assert sum(1 for c in chunks if c["choices"] and c["choices"][0].get("text")) == 4
+    assert good.engine.requests
+
+
+async def test_a_stream_broken_after_its_end_is_closed_with_done(stubs, proxy, http):
+    """The finish event was relayed, then the decode died: the answer is whole, the client gets [DONE]."""
+    p = await stubs("prefill", "p0")
+    victim, good = await stubs("decode", "victim"), await stubs("decode", "good")
+    victim.engine._decode_answer = _breaking_after(  # type: ignore[method-assign]
+        [_token(0), _token(1), _token(2), _token(3, finish="length")])
+    px = await proxy(p, victim, good)
+    px.pool.get("good").kv_usage = 1.0
+    async with http.post(px.url + "/v1/completions", json={**REQ, "max_tokens": 4}) as resp:
+        events = [e for e in (await resp.read()).decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]" and len(events) == 5 and "error" not in events[-2], events
+    assert not good.engine.requests, "nothing was left to continue"
