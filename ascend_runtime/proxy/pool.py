@@ -188,11 +188,17 @@ class InstancePool:
         return min(known) if known else None
 
     def add(self, spec: InstanceSpec, source: str = "static") -> InstanceState:
-        """Add ``spec`` or update the instance of that name (keeps its counters)."""
+        """Add ``spec`` or update the instance of that name (keeps its counters).
+
+        At another URL the instance is another server (the fault watcher moved it to a spare node): its
+        limit is read again, and the old server's ejection and failure evidence no longer hold.
+        """
         state = self._by_name.get(spec.name)
         if state is not None:
-            if state.spec.url != spec.url:  # another server: its limit is read again
+            if state.spec.url != spec.url:
                 state.max_model_len, state.model_info_read = None, False
+                self._reset_evidence(state)
+                self.readmit(state, f"now served at {spec.url}")
             state.spec, state.source = spec, source
             state.removed = state.draining = state.evacuating = False
             return state

@@ -144,3 +144,23 @@ async def test_readmission_needs_the_ejection_time_and_a_passing_check(stubs, pr
     messages = [r.getMessage() for r in caplog.records]
     assert any("ejected decode instance d0" in m and "failed health checks" in m and "503" in m for m in messages)
     assert any("re-admitted decode instance d0" in m and "health check passed" in m for m in messages)
+
+
+async def test_an_instance_moved_to_another_url_is_no_longer_ejected(stubs, proxy, http):
+    """The fault watcher moved the instance to a spare node (admin add at a new URL): the dead server's ejection
+    is not the new server's, so it routes as soon as it is undrained."""
+    p = await stubs("prefill", "p0")
+    d = await stubs("decode", "d0")
+    dead = InstanceSpec("d1", "decode", f"http://127.0.0.1:{free_port()}")
+    px = await proxy(p, d, extra=[dead])
+    px.pool.get("d0").kv_usage = 1.0  # d1 is tried first and refuses: ejected
+    async with http.post(px.url + "/v1/completions", json=REQ) as resp:
+        assert resp.status == 200
+        await resp.read()
+    moved = px.pool.get("d1")
+    assert moved.ejected and not moved.routable(px.pool.clock())
+    d1 = await stubs("decode", "d1")
+    px.pool.add(InstanceSpec("d1", "decode", d1.url), source="admin")
+    assert not moved.ejected and moved.routable(px.pool.clock())
+    px.pool.add(InstanceSpec("d1", "decode", d1.url), source="admin")  # the same URL again keeps its state
+    assert moved.routable(px.pool.clock())
