@@ -251,7 +251,8 @@ class SpareRecovery:
         await self._tell_proxies(watcher, move)
         self._adopt(watcher, move)
         for name in move.instances:
-            self._pending[name] = Pending(signal_at, move, took, migrated)
+            if name in watcher.drains:  # a flexible group's standby shape is placed, never drained or served
+                self._pending[name] = Pending(signal_at, move, took, migrated)
         self._count("moved", len(move.instances))
         note = {"at": round(time.time(), 3), "instances": {i: move.spares_of(i) for i in move.instances}}
         try:
@@ -284,18 +285,21 @@ class SpareRecovery:
         return moved
 
     async def _tell_proxies(self, watcher: FaultWatcher, move: Move) -> None:
-        """Every replica learns a moved leader's URL (``add`` undrains, so drain it again at once)."""
+        """Every replica that routes to a moved instance learns its leader's new URL (``add`` undrains, so it is
+        drained again at once); a replica that does not know it (a flexible group's standby shape) is left alone."""
         proxies = watcher.proxies
-        for name in move.instances:
-            if not move.url_changed(name) or not isinstance(proxies, PlannerProxyAdmin):
-                continue
-            inst = move.new.instance(name)
-            for url in await proxies.replicas():
-                try:
+        moved = [n for n in move.instances if move.url_changed(n)]
+        if not moved or not isinstance(proxies, PlannerProxyAdmin):
+            return
+        for url in await proxies.replicas():
+            try:
+                known = await proxies.listing(url)
+                for name in (n for n in moved if n in known):
+                    inst = move.new.instance(name)
                     await proxies.add(url, [{"name": name, "role": inst.role, "url": inst.api_url}])
                     await proxies.drain(url, name, True)
-                except (ProxyError, aiohttp.ClientError) as exc:
-                    log.warning("telling %s the new URL of %s: %s (its next listing corrects it)", url, name, exc)
+            except (ProxyError, aiohttp.ClientError) as exc:
+                log.warning("telling %s the new URLs of %s: %s", url, ", ".join(moved), exc)
 
     def _adopt(self, watcher: FaultWatcher, move: Move) -> None:
         """The watcher works from the new Plan; the moved instances' checks start now (no await in here)."""

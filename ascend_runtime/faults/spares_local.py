@@ -88,6 +88,8 @@ class LocalSpares:
         state = self._state()
         before = record_of(state, instance)
         inst = move.new.instance(instance)
+        if before is None:  # a flexible group's shape that does not run: placed in the Plan, nothing to start
+            return f"{instance} does not run here; placed on {', '.join(inst.nodes)}"
         driver = LocalDriver(move.new, state, self.state_dir, self.stacks_dir, self.ready_timeout_s, self.grace_s,
                              spec_of=lambda name: self.spec(move.new, name))
         try:

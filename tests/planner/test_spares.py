@@ -106,3 +106,21 @@ def test_local_spares_and_the_order_nodes_are_taken_out_in(stack_copy: Callable[
     second = plan_without(stack, ["sim-node-03", "sim-node-07"])
     assert second.instance("decode-0").nodes[0] == "sim-node-11"
     assert first.instance("decode-1").api_url.startswith("http://127.0.1.11:")
+
+
+def test_a_flexible_groups_node_moves_both_shapes_and_the_group(stack_copy: Callable[..., Path]) -> None:
+    def one_group(config: dict[str, Any]) -> None:
+        config[NS + "decode"].update(instances=1, nodes_per_instance=2, dp=16, ep=16, max_num_seqs=8,
+                                     max_num_batched_tokens=8)
+        config[NS + "pd_ratio"] = {"mode": "auto", "groups": 1}
+
+    stacks = stack_copy("local", edit_config=one_group)
+    stack = load_stack("local", stacks)
+    (group,) = load_plan("local", stacks).flex_groups
+    moved = plan_without(stack, [group.nodes[0]])
+    (after,) = moved.flex_groups
+    assert after.nodes == ("sim-node-07", group.nodes[1])
+    for name in (*group.prefill, *group.decode):  # the running shape and the standby one, on the same devices
+        assert moved.instance(name).nodes == after.nodes
+    nodes = {n.name: n for n in moved.nodes}
+    assert nodes["sim-node-07"].devices_used == 8 and nodes[group.nodes[0]].role is None
