@@ -9,9 +9,12 @@ is drawn, so the balancing daemon and the other commands do not pay for it at st
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from ascend_runtime.files.write import write_file
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -61,6 +64,8 @@ def line_chart(path: str | Path, panels: list[Panel]) -> list[str]:
     The titles and the policies are also in the PNG's ``Title`` and ``Description`` text chunks."""
     titles = [p.title for p in panels]
     names = list(dict.fromkeys(name for p in panels for name in p.series))
-    figure(panels).savefig(Path(path), format="png", metadata={
+    png = io.BytesIO()
+    figure(panels).savefig(png, format="png", metadata={
         "Title": "; ".join(titles), "Description": f"one line per policy ({', '.join(names)}); x: replay window"})
+    write_file(Path(path), png.getvalue())  # temporary file and rename: a link at the name is replaced, not followed
     return titles

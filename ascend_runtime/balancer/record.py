@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from ascend_runtime.files.write import OutputDir
+
 
 def split_over_ranks(load: np.ndarray, ranks: int) -> np.ndarray:
     """Whole tokens ``load [L, E]`` -> ``[ranks, L, E]`` that sums to it, rank ``r`` taking its share
@@ -48,17 +50,15 @@ class StageDumps:
         if shares.sum() <= 0:
             return None
         self.totals = shares if self.totals is None else self.totals + shares
-        snap = self.directory / f"w{self.windows:04d}"
-        snap.mkdir(parents=True, exist_ok=True)
+        snap = f"w{self.windows:04d}"
         layers, experts = load.shape
-        for r, counts in enumerate(self.totals):
-            doc = {"rank": r, "seq": self.windows + 1, "layers": layers, "experts": experts,
-                   "expert_load": counts.tolist()}
-            tmp = snap / f".rank_{r}.json.tmp"
-            tmp.write_text(json.dumps(doc))
-            tmp.replace(snap / f"rank_{r}.json")  # atomically, as a dumper must
+        with OutputDir(self.directory) as out:  # never through a link planted in the dump directory
+            for r, counts in enumerate(self.totals):
+                doc = {"rank": r, "seq": self.windows + 1, "layers": layers, "experts": experts,
+                       "expert_load": counts.tolist()}
+                out.write(f"{snap}/rank_{r}.json", json.dumps(doc))  # atomically (temp + rename), as a dumper must
         self.windows += 1
-        return snap
+        return self.directory / snap
 
 
 async def record(stages: dict[str, list[Any]], out: Path, windows: int, every_s: float, session: Any,

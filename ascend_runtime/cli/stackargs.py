@@ -332,10 +332,12 @@ def read_json(flag: str, value: str, what: str = "JSON") -> tuple[object, int]:
 def write_output(flag: str, value: str, text: str) -> int | None:
     """Write ``text`` to the file ``value`` (checked with :func:`check_output_file`), creating its directory;
     exit code 2 naming ``flag`` when it cannot be written after all, else None."""
-    path = Path(value)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+    from ascend_runtime.files.write import OutputRefused, write_file  # noqa: PLC0415
+
+    try:  # temporary file and rename beside it: a link at the name is replaced, never written through
+        write_file(Path(value), text)
+    except OutputRefused as exc:
+        return input_error(flag, str(exc))
     except OSError as exc:
         return input_error(flag, f"cannot write {value}: {exc.strerror or type(exc).__name__}; "
                            "name a file in a directory this user can write")

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from ascend_runtime.files.write import write_file
 from ascend_runtime.local.topology import ProcessSpec
 from ascend_runtime.planner.plan import Plan
 from ascend_runtime.render.objects.common import Context
@@ -50,6 +51,6 @@ def scrape_config(plan: Plan, specs: list[ProcessSpec], interval_s: float = SCRA
 def write_monitoring_files(plan: Plan, specs: list[ProcessSpec], state_dir: Path) -> None:
     """``prometheus.yml`` and ``grafana-dashboard.json`` in the state directory (the dashboard's balancer panels
     only when the stack runs the balancer)."""
-    (state_dir / PROMETHEUS_FILE).write_text(yaml.safe_dump(scrape_config(plan, specs), sort_keys=False))
+    write_file(state_dir / PROMETHEUS_FILE, yaml.safe_dump(scrape_config(plan, specs), sort_keys=False))
     with_balancer = any(s.kind == "balancer" for s in specs)
-    (state_dir / DASHBOARD_FILE).write_text(dashboard_json(Context(plan), with_balancer))
+    write_file(state_dir / DASHBOARD_FILE, dashboard_json(Context(plan), with_balancer))

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ascend_runtime.files.write import OutputDir
+
 if TYPE_CHECKING:
     import aiohttp
 
@@ -30,9 +32,10 @@ PREVIOUS_LOG_SUFFIX = ".1"
 
 
 def rotate_log(log_path: Path) -> None:
-    """Keep the previous run's log as ``<log>.1`` so the current log holds this run only."""
-    if log_path.exists():
-        os.replace(log_path, log_path.with_name(log_path.name + PREVIOUS_LOG_SUFFIX))
+    """Keep the previous run's log as ``<log>.1`` so the current log holds this run only (a link is renamed
+    as the name it is, never followed)."""
+    with OutputDir(log_path.parent) as folder:
+        folder.rename(log_path.name, log_path.name + PREVIOUS_LOG_SUFFIX)
 
 
 def start_process(argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None,
@@ -42,10 +45,11 @@ def start_process(argv: Sequence[str], log_path: Path, env: dict[str, str] | Non
     The previous run's log is kept as ``<log_path>.1``. The process inherits this environment
     without the variables in ``unset``, plus ``env``.
     """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     rotate_log(log_path)
     inherited = {k: v for k, v in os.environ.items() if k not in set(unset)}
-    with open(log_path, "wb") as log:
+    with OutputDir(log_path.parent) as folder:  # created fresh: a link at the name is removed, never followed
+        fd = folder.create(log_path.name)
+    with os.fdopen(fd, "wb") as log:
         proc = subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ascend_runtime.files.write import write_file
 from ascend_runtime.local.host import (
     CpuUse,
     HostLoad,
@@ -258,7 +259,7 @@ def run_checks(plan: Plan, state_dir: Path, num_prompts: int | None = None, prog
             "cpus": cpu.cpus if cpu else None,
             "load_average": host.load_average,
         }
-        (state_dir / "throughput.json").write_text(json.dumps(data, indent=2, sort_keys=True))
+        write_file(state_dir / "throughput.json", json.dumps(data, indent=2, sort_keys=True))
         lines += comparison_lines(plan, result, host)
     return LocalReport(smoke, result, lines, float(plan.config["throughput_check"]["min_goodput"]), _speedup(plan), host)
 

@@ -49,6 +49,7 @@ from ascend_runtime.local.processes import (
 )
 from ascend_runtime.config.errors import ConfigError
 from ascend_runtime.files.read import FileRefused, read_tail
+from ascend_runtime.files.write import OutputDir, OutputRefused
 from ascend_runtime.local.state import ProcessRecord, StackState
 from ascend_runtime.local.topology import (
     ENGINE_KINDS,
@@ -197,8 +198,8 @@ def write_secret_file(path: Path, text: str) -> None:
     An existing file is replaced, never reused: a token that sat in a file with a wider mode
     may have been read.
     """
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with OutputDir(path.parent) as folder:  # a link at the name is removed, never followed
+        fd = folder.create(path.name, 0o600, exclusive=True)
     with os.fdopen(fd, "w") as out:
         out.write(text)
 
@@ -224,13 +225,17 @@ def start_all(plan: Plan, state_dir: Path, stacks_dir: str | None = None) -> Sta
 
     On any failure or signal, the processes already started are stopped before the exception propagates.
     """
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    write_instances_file(plan, state_dir)
-    tokens = write_tokens(state_dir)
+    specs = local_processes(plan, state_dir, stacks_dir)
+    try:  # the state directory's files, before anything starts; never through a link planted there
+        with OutputDir(state_dir, mode=0o700) as folder:
+            folder.ensure_dir("logs")
+        write_instances_file(plan, state_dir)
+        tokens = write_tokens(state_dir)
+        write_monitoring_files(plan, specs, state_dir)
+    except OutputRefused as exc:
+        raise LocalStackError(f"state directory: {exc}") from None
     state = StackState(stack=plan.stack, proxy_url=plan.proxy_url, started_at=time.time(),
                        speedup=float(plan.config["simulator"]["speedup"]))
-    specs = local_processes(plan, state_dir, stacks_dir)
-    write_monitoring_files(plan, specs, state_dir)
     try:
         for spec in specs:
             log = state_dir / "logs" / f"{spec.name}.log"

@@ -45,11 +45,12 @@ class StackState:
     speedup: float = 1.0
 
     def save(self, directory: Path) -> None:
-        """Write state.json atomically."""
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / "state.json.tmp"
-        tmp.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
-        os.replace(tmp, directory / "state.json")
+        """Write state.json atomically (temporary file and rename; a link planted at the name is replaced, never
+        followed), creating the directory (mode 0700) when missing."""
+        from ascend_runtime.files.write import OutputDir  # noqa: PLC0415
+
+        with OutputDir(directory, mode=0o700) as out:
+            out.write("state.json", json.dumps(asdict(self), indent=2, sort_keys=True), 0o600)
 
     @classmethod
     def load(cls, directory: Path) -> StackState | None:

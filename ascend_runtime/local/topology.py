@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ascend_runtime.files.write import write_file
 from ascend_runtime.planner.plan import Plan
 
 #: ProcessSpec kinds that serve a Plan instance (the proxy is ready only once these are).
@@ -62,9 +63,7 @@ def _cli(*args: str) -> tuple[str, ...]:
 
 def write_instances_file(plan: Plan, state_dir: Path) -> Path:
     """Write the instance list the proxy watches; returns its path."""
-    path = state_dir / "instances.json"
-    path.write_text(json.dumps({"instances": plan.endpoints()}, indent=2))
-    return path
+    return write_file(state_dir / "instances.json", json.dumps({"instances": plan.endpoints()}, indent=2))
 
 
 def listen_ports(plan: Plan) -> list[ListenPort]:

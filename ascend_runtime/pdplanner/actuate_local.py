@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aiohttp
 
+from ascend_runtime.files.write import write_file
 from ascend_runtime.local.lifecycle import read_tokens, record_of, start_one, stop_one, wait_one_ready
 from ascend_runtime.local.runner import LocalStackError
 from ascend_runtime.local.state import StackState
@@ -69,11 +70,9 @@ class LocalBackend:
     def write_instances_file(self) -> None:
         """The proxy's watched instance list = the instances running now."""
         running = [i for i in self.plan.all_instances if self.running(i.name)]
-        path = self.state_dir / "instances.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"instances": [{"name": i.name, "role": i.role, "url": i.api_url} for i in running]},
-                                  indent=2))
-        tmp.replace(path)
+        write_file(self.state_dir / "instances.json",  # temporary file and rename, never through a link
+                   json.dumps({"instances": [{"name": i.name, "role": i.role, "url": i.api_url} for i in running]},
+                              indent=2))
 
 
 class LocalMover(GroupMover):

@@ -13,6 +13,9 @@ from pathlib import Path
 
 from ascend_runtime.config.inventory import Inventory
 from ascend_runtime.engine.conformance import require_conformance
+from ascend_runtime.files.jsondoc import read_json
+from ascend_runtime.files.read import RENDER_OUTPUT, FileRefused
+from ascend_runtime.files.write import OutputDir, OutputRefused
 from ascend_runtime.planner.plan import Plan
 from ascend_runtime.render.launch import (
     deployment_sheet,
@@ -61,45 +64,37 @@ def _safe_rel(rel: str) -> bool:
     return bool(rel) and not rel.startswith("/") and ".." not in Path(rel).parts
 
 
+def _manifest_doc(base: Path, name: str) -> object | None:
+    """The JSON document of the regular file ``base/name`` (through the kit's reading door), None when it is
+    missing, a link (a render writes none), not a regular file, or not JSON."""
+    path = base / name
+    if path.is_symlink() or not path.is_file():
+        return None
+    try:
+        return read_json(path, RENDER_OUTPUT, name)
+    except FileRefused:
+        return None
+
+
 def _previous_render(base: Path) -> tuple[str | None, list[str]] | None:
     """(stack, files) of the render already in ``base``; None when ``base`` holds no render.
 
     From the manifest; for a render written before manifests, the stack named by its plan.json
-    and the files of the render layout.
+    and the files of the render layout. A manifest that cannot be read (or is a link) is a render of
+    an unknown stack: replacing it needs ``--force``.
     """
-    manifest = base / MANIFEST
-    if manifest.is_file():
+    if (base / MANIFEST).is_symlink() or (base / MANIFEST).exists():
+        doc = _manifest_doc(base, MANIFEST)
         try:
-            doc = json.loads(manifest.read_text())
-            return str(doc["stack"]), [str(f) for f in doc["files"] if _safe_rel(str(f))]
-        except (OSError, ValueError, KeyError, TypeError):
+            return str(doc["stack"]), [str(f) for f in doc["files"] if _safe_rel(str(f))]  # type: ignore[index]
+        except (KeyError, TypeError):
             return None, []
-    plan_json = base / "plan.json"
-    if not plan_json.is_file():
+    doc = _manifest_doc(base, "plan.json")
+    if not isinstance(doc, dict) or "stack" not in doc:
         return None
-    try:
-        stack = str(json.loads(plan_json.read_text())["stack"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    stack = str(doc["stack"])
     files = [p.relative_to(base).as_posix() for p in sorted(base.rglob("*")) if p.is_file() or p.is_symlink()]
     return stack, [f for f in files if f in RENDER_LAYOUT or any(f.startswith(d) for d in RENDER_LAYOUT if d.endswith("/"))]
-
-
-def _remove_stale(base: Path, stale: list[str]) -> None:
-    """Delete files of an earlier render (never outside ``base``) and the directories they leave empty."""
-    root = base.resolve()
-    for rel in sorted(stale, reverse=True):
-        path = base / rel
-        if not path.parent.resolve().is_relative_to(root) or not (path.is_file() or path.is_symlink()):
-            continue
-        path.unlink()
-        parent = path.parent
-        while parent != base and parent.resolve().is_relative_to(root):
-            try:
-                parent.rmdir()
-            except OSError:
-                break
-            parent = parent.parent
 
 
 def write_artifacts(files: dict[str, str], out_dir: str | os.PathLike[str], stack: str | None = None,
@@ -111,6 +106,11 @@ def write_artifacts(files: dict[str, str], out_dir: str | os.PathLike[str], stac
     write are deleted. Another stack's render, or other files, raise :class:`RenderDirError`
     unless ``force`` (then another stack's render is replaced the same way; files no render
     wrote are never deleted). ``MANIFEST`` records the stack and the files written.
+
+    Every file is written through :class:`~ascend_runtime.files.write.OutputDir`, with or without
+    ``force``: a symbolic link planted where a file goes is replaced by the file (temporary file and
+    rename, never written through), one where a folder goes is refused (RenderDirError naming it), and a
+    stale file is removed as the name it is, never through a link.
     """
     base = Path(out_dir)
     for rel in files:
@@ -138,14 +138,15 @@ def write_artifacts(files: dict[str, str], out_dir: str | os.PathLike[str], stac
                     f"{base} holds the render of {other}; writing {stack} there would mix the two. "
                     f"Give another folder, or --force to replace that render with {stack}'s")
             stale = [rel for rel in old_files if rel not in files]
-    _remove_stale(base, stale)
-    written = []
-    for rel, text in sorted(files.items()):
-        path = base / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        path.chmod(0o755 if rel.endswith(".sh") else 0o644)
-        written.append(path)
-    manifest = {"stack": stack, "files": sorted(files)}
-    (base / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    try:
+        with OutputDir(base) as out:
+            for folder in sorted({str(Path(rel).parent) for rel in files} - {"."}):
+                out.ensure_dir(folder)  # a link where a folder goes is refused before anything changes
+            for rel in sorted(stale, reverse=True):
+                out.remove(rel)
+            written = [out.write(rel, text, 0o755 if rel.endswith(".sh") else 0o644)
+                       for rel, text in sorted(files.items())]
+            out.write(MANIFEST, json.dumps({"stack": stack, "files": sorted(files)}, indent=2) + "\n")
+    except OutputRefused as exc:
+        raise RenderDirError(str(exc)) from None
     return written

@@ -36,7 +36,9 @@ def file_ops(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, list[
 
     def spy_open(path: Any, flags: int, mode: int = 0o777, *args: Any, **kwargs: Any) -> int:
         fd = real_open(path, flags, mode, *args, **kwargs)
-        seen["open"].append((Path(path), flags, mode, stat.S_IMODE(os.fstat(fd).st_mode)))
+        dir_fd = kwargs.get("dir_fd")  # files are opened relative to their open directory (files/write.py)
+        full = Path(os.readlink(f"/proc/self/fd/{dir_fd}")) / path if dir_fd is not None else Path(path)
+        seen["open"].append((full, flags, mode, stat.S_IMODE(os.fstat(fd).st_mode)))
         return fd
 
     real_chmod = os.chmod

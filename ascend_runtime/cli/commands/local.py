@@ -8,6 +8,7 @@ running they say so, with several they ask for ``--stack``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -131,11 +132,14 @@ def _not_running(args: argparse.Namespace, stack: str, state_dir: Path, command:
 
 def _note(state_dir: Path, text: str) -> None:
     """Append a line to <state>/logs/up.log (read it when the terminal that ran `up` is gone)."""
+    from ascend_runtime.files.write import OutputDir, OutputRefused  # noqa: PLC0415
+
     try:
-        (state_dir / "logs").mkdir(parents=True, exist_ok=True)
-        with open(state_dir / "logs" / "up.log", "a") as log:
+        with OutputDir(state_dir) as folder:  # never through a link planted in the state directory
+            fd = folder.create("logs/up.log", append=True)
+        with os.fdopen(fd, "a") as log:
             log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
-    except OSError:
+    except (OSError, OutputRefused):
         pass
 
 

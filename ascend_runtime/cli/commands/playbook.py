@@ -308,7 +308,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     _summary(console, report, hosts)
     if args.json:
         data = report.to_json() | extra | {"stack": args.stack, "inventory": str(inventory_path)}
-        args.json.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        from ascend_runtime.files.write import write_file  # noqa: PLC0415
+
+        write_file(args.json, json.dumps(data, indent=2, sort_keys=True) + "\n")  # never through a planted link
     failed = report.failed_hosts()
     if failed:
         console.print(f"[bold red]failed hosts: {escape(', '.join(failed))}[/bold red]")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ascend_runtime.files.write import write_file
 from ascend_runtime.local.report import LocalReport, throughput_config
 from ascend_runtime.planner.plan import Plan
 
@@ -24,7 +25,7 @@ def run_real_engine_checks(plan: Plan, state_dir: Path, num_prompts: int | None 
     if smoke.passed:
         result = run_throughput_sync(throughput_config(plan, num_prompts, progress))
         data = result.to_dict()
-        (state_dir / "throughput.json").write_text(json.dumps(data, indent=2, sort_keys=True))
+        write_file(state_dir / "throughput.json", json.dumps(data, indent=2, sort_keys=True))
         lines.append(
             f"real engine (vLLM CPU build, generated model): {data['completed']} of {result.completed + result.failed} "
             f"requests, output {data['output_throughput']:.1f} tok/s, median TTFT {data['median_ttft_ms']:.0f} ms, "
