@@ -160,12 +160,15 @@ def leading_comments(text: str) -> str:
 
 
 def dump_inventory(inventory: Inventory, previous: str | None = None) -> str:
-    """The inventory as reviewable YAML: model field order, no nulls, block style.
+    """The inventory as reviewable YAML: model field order, no nulls, no empty ``devices_out_of_service``, block style.
 
     previous: the file's current text; its leading comment block (an address plan, say) is kept, so a facts
     run on hosts that match changes no byte of a file in this format. Without one, :data:`HEADER`.
     """
     data = inventory.model_dump(mode="json", exclude_none=True)
+    for node in data.get("nodes") or []:  # written only where a device is out of service (as a person writes it)
+        if not node.get("devices_out_of_service"):
+            node.pop("devices_out_of_service", None)
     header = leading_comments(previous) if previous else ""
     return (header or HEADER) + yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120,
                                                allow_unicode=True)
