@@ -198,8 +198,10 @@ async def system() -> AsyncIterator[System]:
         sims[name] = await start_simulator(SimConfig(role=role, instance=name, port=0, kv_port=0, speedup=1.0,
                                                      exit_on_fault=False))
     specs = specs_from_data([{"name": n, "role": TOPOLOGY.role(n), "url": h.url} for n, h in sims.items()])
+    # a stream idle this long is a stalled engine: long enough that a loaded machine pausing this one event
+    # loop (simulators, proxies and clients together) is not taken for a stall, short beside WAIT_S
     proxies = [await start_proxy(ProxyConfig(port=0, instances=specs, admin_token=ADMIN_TOKEN, health_interval_s=0,
-                                             stream_idle_timeout_s=1.0, first_token_timeout_s=5.0))
+                                             stream_idle_timeout_s=4.0, first_token_timeout_s=8.0))
                for _ in range(2)]
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
     sys_ = System(fake, sims, proxies, session)
