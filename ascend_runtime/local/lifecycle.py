@@ -17,9 +17,10 @@ from pathlib import Path
 import aiohttp
 
 from ascend_runtime.files.read import TOKEN, FileRefused, read_text
-from ascend_runtime.local.processes import is_alive, stop_process_group
-from ascend_runtime.local.runner import LocalStackError, log_tail, ownership, signals_held, start_spec
+from ascend_runtime.local.processes import is_alive
+from ascend_runtime.local.runner import LocalStackError, log_tail, ownership, signals_held, start_spec, started_record
 from ascend_runtime.local.state import ProcessRecord, StackState
+from ascend_runtime.local.stopping import stop_recorded
 from ascend_runtime.local.topology import TOKEN_FILES, ProcessSpec, local_processes
 from ascend_runtime.planner.plan import Plan
 
@@ -65,8 +66,8 @@ def stop_one(state: StackState, state_dir: Path, name: str, grace_s: float = 5.0
     record = record_of(state, name)
     if record is None:
         return True
-    with signals_held():
-        if not stop_process_group(record.pid, grace_s=grace_s):
+    with signals_held():  # signalled only while its pid is still the process that was started
+        if not stop_recorded(record, grace_s=grace_s).down:
             return False
         state.processes = [p for p in state.processes if p.name != name]
         state.save(state_dir)
@@ -84,7 +85,7 @@ def start_one(state: StackState, state_dir: Path, spec: ProcessSpec) -> ProcessR
     log = state_dir / "logs" / f"{spec.name}.log"
     with signals_held():
         pid = start_spec(spec, log, tokens)  # as the launcher starts it: its tokens and its own variables
-        record = ProcessRecord(spec.name, spec.kind, pid, list(spec.argv), spec.health_url, str(log))
+        record = started_record(spec, pid, log)
         state.processes.append(record)
         state.save(state_dir)
     return record

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -83,9 +83,14 @@ def _reap(pid: int) -> None:
         pass
 
 
-def stop_process_group(pid: int, grace_s: float = 5.0) -> bool:
-    """SIGTERM the process group led by ``pid``, SIGKILL after ``grace_s``; True when it is gone."""
+def stop_process_group(pid: int, grace_s: float = 5.0, still_ours: Callable[[], bool] | None = None) -> bool:
+    """SIGTERM the process group led by ``pid``, SIGKILL after ``grace_s``; True when it is gone.
+
+    ``still_ours``, when given, is asked before each signal: False (the pid now names another process) ends
+    the stopping without a signal, the process that was ours being gone."""
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
+        if still_ours is not None and not still_ours():
+            return True
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:

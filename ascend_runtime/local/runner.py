@@ -33,7 +33,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from ascend_runtime.local.monitoring import write_monitoring_files
 from ascend_runtime.local.processes import (
@@ -45,12 +44,13 @@ from ascend_runtime.local.processes import (
     process_line,
     proxy_routes_all,
     start_process,
-    stop_process_group,
 )
 from ascend_runtime.config.errors import ConfigError
 from ascend_runtime.files.read import FileRefused, read_tail
 from ascend_runtime.files.write import OutputDir, OutputRefused
+from ascend_runtime.local.identity import Verdict, identify, identity_after_start
 from ascend_runtime.local.state import ProcessRecord, StackState
+from ascend_runtime.local.stopping import StopOutcome, stop_recorded
 from ascend_runtime.local.topology import (
     ENGINE_KINDS,
     TOKEN_FILES,
@@ -151,10 +151,24 @@ def log_tail(path: str, lines: int = 15) -> str:
         return "(no log)"
 
 
+def record_alive(record: ProcessRecord) -> bool:
+    """True while the recorded process runs: its pid is the process `up` started (same start time and command
+    line; :func:`~ascend_runtime.local.identity.identify`)."""
+    return identify(record.pid, record.start_time, record.expected_cmdline())[0] is Verdict.SAME
+
+
+def started_record(spec: ProcessSpec, pid: int, log: Path) -> ProcessRecord:
+    """The record of a process just started from ``spec``, with its identity read from /proc (none when it
+    exited at once: such a record is never signalled)."""
+    now = identity_after_start(pid)
+    return ProcessRecord(spec.name, spec.kind, pid, list(spec.argv), spec.health_url, str(log),
+                         now.start_time if now else None, list(now.cmdline) if now else None)
+
+
 def running_state(state_dir: Path) -> StackState | None:
-    """The recorded state if any of its processes is still alive."""
+    """The recorded state if any of its processes is still alive (:func:`record_alive`)."""
     state = StackState.load(state_dir)
-    if state and any(is_alive(p.pid) for p in state.processes):
+    if state and any(record_alive(p) for p in state.processes):
         return state
     return None
 
@@ -242,7 +256,7 @@ def start_all(plan: Plan, state_dir: Path, stacks_dir: str | None = None) -> Sta
             with signals_held():  # a signal here must not leave a started process unrecorded
                 # only the tokens this process uses, none inherited from the caller's environment
                 pid = start_spec(spec, log, tokens)
-                state.processes.append(ProcessRecord(spec.name, spec.kind, pid, list(spec.argv), spec.health_url, str(log)))
+                state.processes.append(started_record(spec, pid, log))
                 state.save(state_dir)
     except BaseException:
         stop_and_forget(state, state_dir)
@@ -250,15 +264,9 @@ def start_all(plan: Plan, state_dir: Path, stacks_dir: str | None = None) -> Sta
     return state
 
 
-def health_address(record: ProcessRecord) -> tuple[str, int]:
-    """Host and port of a process's health URL (the socket its readiness is proven on)."""
-    url = urlsplit(record.health_url)
-    return url.hostname or "127.0.0.1", url.port or 80
-
-
 def ownership(record: ProcessRecord) -> tuple[bool | None, int | None]:
     """(does the process own the listener of its health URL, and if not, which pid does)."""
-    host, port = health_address(record)
+    host, port = record.address()
     owned = owns_listener(record.pid, host, port)
     other = listener_owner(host, port) if owned is False else None
     return owned, other
@@ -288,7 +296,7 @@ async def wait_ready(state: StackState, timeout_s: float, console: Console) -> N
                         continue
                     owned, other = ownership(record)
                     if owned is False and other is not None and other != record.pid:
-                        host, port = health_address(record)
+                        host, port = record.address()
                         raise LocalStackError(
                             f"{name}: {host}:{port} answers, but the listening socket belongs to {process_line(other)}, "
                             f"not to our {name} (pid {record.pid}); another process took the port. "
@@ -308,23 +316,20 @@ async def wait_ready(state: StackState, timeout_s: float, console: Console) -> N
                 await asyncio.sleep(0.2)
 
 
-def stop_all(state: StackState) -> list[str]:
-    """Stop every process group in reverse start order; returns names of processes that would not stop.
+def stop_all(state: StackState) -> list[StopOutcome]:
+    """Stop every recorded process group in reverse start order, each only if its pid is still the process
+    `up` started (:func:`~ascend_runtime.local.stopping.stop_recorded`); one outcome per record.
 
     Stop signals are held back meanwhile (:func:`signals_held`), so Ctrl-C cannot cut the stopping short.
     """
-    stuck = []
     with signals_held():
-        for record in reversed(state.processes):
-            if not stop_process_group(record.pid):
-                stuck.append(record.name)
-    return stuck
+        return [stop_recorded(record) for record in reversed(state.processes)]
 
 
 def stop_and_forget(state: StackState, state_dir: Path) -> list[str]:
-    """Stop every process of ``state`` and remove the state file; names of processes that would not stop."""
+    """Stop every process of ``state`` and remove the state file; names of the processes that may still run."""
     with signals_held():
-        stuck = stop_all(state)
+        stuck = [outcome.name for outcome in stop_all(state) if not outcome.down]
         StackState.clear(state_dir)
     return stuck
 
@@ -389,12 +394,12 @@ def status_rows(state: StackState) -> list[dict[str, object]]:
         import aiohttp  # noqa: PLC0415
 
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
-            return [await http_ok(session, p.health_url) if is_alive(p.pid) else False for p in state.processes]
+            return [await http_ok(session, p.health_url) if record_alive(p) else False for p in state.processes]
 
     healthy = asyncio.run(probe())
     rows = []
     for record, ok in zip(state.processes, healthy):
-        alive = is_alive(record.pid)
+        alive = record_alive(record)
         owned, other = ownership(record) if alive else (False, None)
         rows.append({"name": record.name, "kind": record.kind, "pid": record.pid, "alive": alive, "http": ok,
                      "owned": owned, "other": other, "log": record.log,

@@ -2,7 +2,8 @@
 
 Default location: ``$ASCEND_DEPLOY_STATE_DIR/<stack>`` or
 ``~/.local/state/ascend-deploy/<stack>``. The file records, per process, its
-name, kind, pid (also its process group id), argv, health URL and log path.
+name, kind, pid (also its process group id), argv, health URL and log path, and the start time and command
+line that identify the process before `down` signals it (``local/identity.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
 def default_state_root() -> Path:
@@ -24,7 +26,11 @@ def default_state_root() -> Path:
 
 @dataclass
 class ProcessRecord:
-    """One started process."""
+    """One started process: its name and kind in the stack, its pid (also its process group id), the argv it
+    was started with, the URL its health is proven on, its log; and what identifies it on this boot, read
+    from /proc once it runs (``local/identity.py``): ``start_time`` in clock ticks since boot and ``cmdline``,
+    its command line as the kernel holds it. A record without them (an older state file) is identified by its
+    argv alone."""
 
     name: str
     kind: str
@@ -32,6 +38,18 @@ class ProcessRecord:
     argv: list[str]
     health_url: str
     log: str
+    start_time: int | None = None
+    cmdline: list[str] | None = None
+
+    def expected_cmdline(self) -> list[str]:
+        """The command line the process must show to be this record's: the one read at start, or for a record
+        written before identities were, the argv it was started with."""
+        return self.cmdline if self.cmdline is not None else self.argv
+
+    def address(self) -> tuple[str, int]:
+        """Host and port of the health URL: the socket the process serves on and its readiness is proven on."""
+        url = urlsplit(self.health_url)
+        return url.hostname or "127.0.0.1", url.port or 80
 
 
 @dataclass
@@ -91,6 +109,13 @@ class StackState:
             # PID_MAX_LIMIT (4194304, include/linux/threads.h) bounds every pid; a larger one overflows kill(2)
             if type(record.pid) is not int or not 1 < record.pid <= 4194304 or record.pid == os.getpgrp():
                 raise ValueError(f"process {record.name!r} has pid {record.pid!r}, no process group `down` may signal")
+            if record.start_time is not None and (type(record.start_time) is not int or record.start_time < 0):
+                raise ValueError(f"process {record.name!r} has start_time {record.start_time!r}, not clock ticks")
+            if record.cmdline is not None and (not isinstance(record.cmdline, list)
+                                               or not all(isinstance(a, str) for a in record.cmdline)):
+                raise ValueError(f"process {record.name!r} has a cmdline that is not a list of strings")
+            if not isinstance(record.health_url, str):
+                raise ValueError(f"process {record.name!r} has a health_url that is not text")
         state = cls(**{**data, "processes": records})
         if not isinstance(state.stack, str) or not isinstance(state.proxy_url, str):
             raise ValueError("stack and proxy_url must be text")

@@ -7,22 +7,30 @@ from pathlib import Path
 import pytest
 
 from ascend_runtime.cli import main
+from ascend_runtime.local.identity import identity_after_start
 from ascend_runtime.local.state import ProcessRecord, StackState
 
-from .conftest import http_server, sleeper
+from .conftest import free_port_stacks, http_server, sleeper
 
 
 @pytest.fixture
 def state_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty state root, and stacks whose local stack is on free ports (a stack running on this machine on
+    the standard ports would otherwise answer for ours: `down` reports such ports as a lost state)."""
     root = tmp_path / "state-root"
     root.mkdir()
     monkeypatch.setenv("ASCEND_DEPLOY_STATE_DIR", str(root))
+    monkeypatch.setenv("ASCEND_DEPLOY_STACKS", str(free_port_stacks(tmp_path)))
     return root
 
 
 def _record(root: Path, stack: str, pid: int, port: int) -> None:
+    """A state file as `up` writes it: the process's start time and command line read from /proc."""
+    now = identity_after_start(pid)
+    assert now is not None
     StackState(stack, f"http://127.0.0.1:{port}",
-               [ProcessRecord("proxy", "proxy", pid, ["x"], f"http://127.0.0.1:{port}/health", str(root / "p.log"))]
+               [ProcessRecord("proxy", "proxy", pid, ["x"], f"http://127.0.0.1:{port}/health", str(root / "p.log"),
+                              now.start_time, list(now.cmdline))]
                ).save(root / stack)
 
 

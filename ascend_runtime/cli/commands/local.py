@@ -51,13 +51,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.set_defaults(func=cmd_up)
     status = subparsers.add_parser("status", help="show the processes of a running local stack",
                                    description="Per process: pid, alive, /health from its own socket. Without --stack: "
-                                   "the local stack that is running. Exit 0 all healthy, 1 not running or not healthy, "
-                                   "2 unknown stack or several running.")
+                                   "the local stack that is running. Exit 0 all healthy, 1 not running, not healthy, or "
+                                   "its state lost while its ports answer; 2 unknown stack or several running.")
     _add_common(status, stack_required=False)
     status.set_defaults(func=cmd_status)
     down = subparsers.add_parser("down", help="stop a local stack and every process it started",
-                                 description="Without --stack: the local stack that is running. Exit 0 stopped or not "
-                                 "running, 1 a process would not stop, 2 unknown stack or several running.")
+                                 description="Without --stack: the local stack that is running. A recorded process "
+                                 "is signalled only while its pid is still the process `up` started (same start time "
+                                 "and command line). Exit 0 stopped or not running; 1 something of the stack may still "
+                                 "run (a process would not stop, a recorded pid is gone or another process while its "
+                                 "port answers, or the state is lost while the stack's ports answer); 2 unknown stack "
+                                 "or several running.")
     _add_common(down, stack_required=False)
     down.set_defaults(func=cmd_down)
 
@@ -239,8 +243,34 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 0 if serving and ok and not died and not stuck else 1
 
 
+def _lost_state(args: argparse.Namespace, stack: str, state_dir: Path) -> str | None:
+    """When no state records ``stack`` (no file, or an empty one) but addresses of its Plan answer: the
+    message saying so, naming each address and its holder; None when nothing answers or the stack is no
+    local stack that can be planned."""
+    from ascend_runtime.config.errors import ConfigError  # noqa: PLC0415
+    from ascend_runtime.config.loader import load_stack  # noqa: PLC0415
+    from ascend_runtime.local.stopping import stack_ports_answering  # noqa: PLC0415
+    from ascend_runtime.planner import build_plan  # noqa: PLC0415
+
+    try:
+        plan = build_plan(load_stack(stack, args.stacks_dir))
+    except (ConfigError, OSError, ValueError):
+        return None  # no Plan, no ports to look at: the local state is all there is to report
+    if plan.target != "local":
+        return None
+    answering = stack_ports_answering(plan)
+    if not answering:
+        return None
+    lines = "\n  - ".join(answering)
+    return (f"stack {stack}: state lost (no state recorded in {state_dir}); processes may still run on ports "
+            f"of the stack:\n  - {lines}\nNothing was signalled: `down` signals only the processes a state file "
+            f"records, checked by start time and command line. Stop those processes yourself, then "
+            f"`ascend-deploy up --stack {stack}` starts the stack afresh")
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    """Exit 0 when every process is alive and healthy from its own socket, 1 otherwise or not running, 2 unknown stack."""
+    """Exit 0 when every process is alive and healthy from its own socket, 1 otherwise, not running, or its state
+    lost while its ports answer; 2 unknown stack."""
     from rich.console import Console  # noqa: PLC0415
 
     from ascend_runtime.local.runner import status_table  # noqa: PLC0415
@@ -252,7 +282,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     stack, state_dir = resolved
     state = StackState.load(state_dir)
     if state is None:
-        _say(_not_running(args, stack, state_dir, "status"))
+        lost = _lost_state(args, stack, state_dir)
+        _say(lost or _not_running(args, stack, state_dir, "status"), err=lost is not None)
         return 1
     table, healthy = status_table(state)
     Console(width=200).print(table)
@@ -260,7 +291,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    """Stop every recorded process group; exit 0 stopped or not running, 1 if one would not stop, 2 unknown stack."""
+    """Stop every recorded process group whose pid is still the process `up` started.
+
+    Exit 0: nothing of the stack runs any more (stopped now, already gone, or never running). Exit 1: something
+    of it may still run: a process would not stop, a recorded process is gone or replaced while its port still
+    answers, or the state is lost while the stack's ports answer; the operator has to look, so the state file
+    keeps what is unresolved. Exit 2: invalid input (an unknown stack, an unreadable state file)."""
     from ascend_runtime.local.runner import stop_all  # noqa: PLC0415
     from ascend_runtime.local.state import StackState  # noqa: PLC0415
 
@@ -270,12 +306,25 @@ def cmd_down(args: argparse.Namespace) -> int:
     stack, state_dir = resolved
     state = StackState.load(state_dir)
     if state is None:
+        lost = _lost_state(args, stack, state_dir)
+        if lost:
+            _say(f"error: {lost}", err=True)
+            return 1
         _say(_not_running(args, stack, state_dir, "down"))
         return 0
-    stuck = stop_all(state)
-    if stuck:
-        _say(f"error: would not stop: {', '.join(stuck)}", err=True)
+    outcomes = stop_all(state)
+    for outcome in outcomes:
+        if outcome.note != "stopped":
+            _say(f"{'error: ' if not outcome.down else ''}{outcome.name}: {outcome.note}", err=not outcome.down)
+    left = {o.name for o in outcomes if not o.down}
+    if left:
+        state.processes = [r for r in state.processes if r.name in left]
+        state.save(state_dir)
+        _say(f"error: stack {stack} is not down: {', '.join(sorted(left))} may still run (above); {state_dir}/state.json "
+             "keeps them", err=True)
         return 1
     StackState.clear(state_dir)
-    _say(f"stack {stack} is down ({len(state.processes)} processes stopped)")
+    stopped = sum(o.note == "stopped" for o in outcomes)
+    gone = f", {len(outcomes) - stopped} already gone" if stopped < len(outcomes) else ""
+    _say(f"stack {stack} is down ({stopped} processes stopped{gone})")
     return 0
