@@ -83,12 +83,17 @@ def _reap(pid: int) -> None:
         pass
 
 
+#: seconds a SIGKILLed process may take to go: it dies once it leaves the kernel, which a process in
+#: uninterruptible I/O on a loaded machine (a vLLM server unmapping its shared memory) did only after 2 s
+KILL_WAIT_S = 20.0
+
+
 def stop_process_group(pid: int, grace_s: float = 5.0, still_ours: Callable[[], bool] | None = None) -> bool:
     """SIGTERM the process group led by ``pid``, SIGKILL after ``grace_s``; True when it is gone.
 
     ``still_ours``, when given, is asked before each signal: False (the pid now names another process) ends
     the stopping without a signal, the process that was ours being gone."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
         if still_ours is not None and not still_ours():
             return True
         try:
