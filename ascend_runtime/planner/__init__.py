@@ -33,6 +33,7 @@ from ascend_runtime.planner.validation import (
     check_inventory,
     check_ports,
     check_stage_shapes,
+    rank_api_ports,
 )
 from ascend_runtime.planner.versions import connector_dialect, target_release
 
@@ -134,6 +135,8 @@ def placed_plan(stack: Stack) -> Plan:
                     kv_port=kv_port,
                     kv_port_count=per_node,
                     engine_id=f"{stack.name}-{name}-{k}",
+                    api_ports=rank_api_ports(config.ports.api_base, ordinal, instance_count, dp_local)
+                    if config.serving == "rank" else (),
                 )
             )
         pods = {n.super_pod_id for n in assignment.nodes}
@@ -155,6 +158,7 @@ def placed_plan(stack: Stack) -> Plan:
                 super_pod_id=pods.pop() if len(pods) == 1 else None,
                 memory=estimate_memory(config.model, stage, hardware),
                 ranks=tuple(ranks),
+                serving=config.serving,
             )
         )
     standby = {n for (_, _, p, d, initial) in flex.groups for n in (d if initial == "prefill" else p)}

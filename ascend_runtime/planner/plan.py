@@ -56,11 +56,19 @@ class RankPlan:
     kv_port: int
     kv_port_count: int
     engine_id: str
+    #: The API port of each of this node group's DP ranks, in rank order (``serving: rank`` only; empty
+    #: otherwise): ``ports.api_base + instance ordinal + local DP rank x instance count`` (planner/__init__.py).
+    api_ports: tuple[int, ...] = ()
 
     @property
     def is_leader(self) -> bool:
-        """Rank 0 serves the API; the others are headless."""
+        """Rank 0 serves the API; the others are headless (``serving: instance``)."""
         return self.index == 0
+
+    @property
+    def dp_ranks(self) -> range:
+        """The DP ranks this node group runs (global numbering, 0 .. dp - 1)."""
+        return range(self.dp_start_rank, self.dp_start_rank + self.dp_local)
 
     @property
     def device_ids(self) -> tuple[int, ...]:
@@ -103,6 +111,29 @@ class MemoryEstimate:
 
 
 @dataclass(frozen=True)
+class ApiEndpoint:
+    """One OpenAI API server the proxy routes to: a whole instance (``serving: instance``; its leader's
+    server, vLLM's internal DP load balancer picks the rank) or one DP rank of it (``serving: rank``;
+    ``--data-parallel-rank``, vLLM's external load-balancer mode)."""
+
+    name: str  #: the instance's name, or ``<instance>-dp<rank>``
+    instance: str
+    role: str
+    host: str
+    port: int
+    dp_rank: int | None  #: None: the whole instance
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def rank_endpoint_name(instance: str, dp_rank: int) -> str:
+    """The routable name of one DP rank's API server, ``<instance>-dp<rank>``."""
+    return f"{instance}-dp{dp_rank}"
+
+
+@dataclass(frozen=True)
 class InstancePlan:
     """One engine instance: shape, ports, placement and memory."""
 
@@ -122,11 +153,20 @@ class InstancePlan:
     super_pod_id: int | None
     memory: MemoryEstimate
     ranks: tuple[RankPlan, ...]
+    serving: str = "instance"  #: ``instance`` or ``rank`` (the stack's ``serving``)
 
     @property
     def api_url(self) -> str:
-        """The leader's OpenAI endpoint."""
+        """The leader's OpenAI endpoint (in rank mode, DP rank 0's)."""
         return f"http://{self.api_host}:{self.api_port}"
+
+    @property
+    def api_endpoints(self) -> tuple[ApiEndpoint, ...]:
+        """What the proxy routes to for this instance: its leader's server, or one server per DP rank."""
+        if self.serving != "rank":
+            return (ApiEndpoint(self.name, self.name, self.role, self.api_host, self.api_port, None),)
+        return tuple(ApiEndpoint(rank_endpoint_name(self.name, dp_rank), self.name, self.role, r.host_ip, port, dp_rank)
+                     for r in self.ranks for dp_rank, port in zip(r.dp_ranks, r.api_ports, strict=True))
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -228,8 +268,17 @@ class Plan:
         return tuple(r for i in self.instances for r in i.ranks)
 
     def endpoints(self) -> list[dict[str, str]]:
-        """Name, role and leader API URL of every instance (what the proxy routes to)."""
-        return [{"name": i.name, "role": i.role, "url": i.api_url} for i in self.instances]
+        """What the proxy routes to: name, role and API URL of every instance (``serving: instance``), or of
+        every DP rank with the instance it belongs to (``serving: rank``: ``instance`` key; draining the
+        instance drains all of them)."""
+        out: list[dict[str, str]] = []
+        for inst in self.instances:
+            for ep in inst.api_endpoints:
+                entry = {"name": ep.name, "role": ep.role, "url": ep.url}
+                if ep.dp_rank is not None:
+                    entry["instance"] = ep.instance
+                out.append(entry)
+        return out
 
     @property
     def proxy_url(self) -> str:
@@ -254,23 +303,23 @@ class Plan:
         """The Plan as JSON-ready data (with derived fields such as api_url)."""
         data = asdict(dataclasses.replace(self, source_inventory=None))
         del data["source_inventory"]
-        for inst, raw in zip(self.instances, data["instances"]):
+        for inst, raw in [*zip(self.instances, data["instances"]), *zip(self.standby, data["standby"])]:
             raw["api_url"] = inst.api_url
             raw["memory"]["total_gib"] = inst.memory.total_gib
+            if inst.serving == "instance":  # the Plan's JSON is what it was before rank serving existed
+                del raw["serving"]
             for rank, raw_rank in zip(inst.ranks, raw["ranks"]):
                 raw_rank["name"] = rank.name
                 raw_rank["is_leader"] = rank.is_leader
-        for inst, raw in zip(self.standby, data["standby"]):
-            raw["api_url"] = inst.api_url
-            raw["memory"]["total_gib"] = inst.memory.total_gib
-            for rank, raw_rank in zip(inst.ranks, raw["ranks"]):
-                raw_rank["name"] = rank.name
-                raw_rank["is_leader"] = rank.is_leader
+                if not rank.api_ports:
+                    del raw_rank["api_ports"]
         for raw in data["nodes"]:  # a node with every device in service: its JSON is what it was before the key
             if not raw["devices_out_of_service"]:
                 del raw["devices_out_of_service"]
             if raw["spare_for"] is None:
                 del raw["spare_for"]
+        if data["config"].get("serving") == "instance":  # the default: the JSON is what it was before the key
+            del data["config"]["serving"]
         if not self.flex_groups:  # fixed P:D: the Plan's JSON is what it was before flexible groups existed
             del data["flex_groups"], data["standby"]
         data["proxy_url"] = self.proxy_url

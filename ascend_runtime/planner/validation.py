@@ -262,12 +262,29 @@ def total_npus(config: StackConfig) -> int:
     return sum(planned_instances(config, r) * config.stage(r).dp * config.stage(r).tp for r in ROLES)
 
 
+def local_dp_ranks(config: StackConfig, role: Role) -> int:
+    """DP ranks of one instance of ``role`` on one of its nodes: dp / nodes_per_instance."""
+    stage = config.stage(role)
+    return max(1, stage.dp // stage.nodes_per_instance)
+
+
+def rank_api_ports(api_base: int, ordinal: int, instance_count: int, count: int) -> tuple[int, ...]:
+    """API ports of the ``count`` DP ranks one node runs for instance ``ordinal`` (``serving: rank``):
+    ``api_base + ordinal + local rank x instance_count``, local rank being the rank's index on its node.
+    Local rank 0 keeps the instance's own port, and no two ranks of instances sharing a host (host
+    networking) share a port; ranks on different nodes reuse ports, as instances' leaders do."""
+    return tuple(api_base + ordinal + j * instance_count for j in range(count))
+
+
 def port_ranges(config: StackConfig, hardware: HardwareSpec, connector: str, instance_count: int) -> dict[str, range]:
     """Every port range the Plan will use, by the key that sets its base."""
     ports = config.ports
     kv_base = ports.kv_base or hardware.recommended_kv_port_base
+    api_ports = instance_count
+    if config.serving == "rank":  # every DP rank on a node has its own API port
+        api_ports = instance_count * max(local_dp_ranks(config, r) for r in ROLES)
     ranges = {
-        "ports.api_base": range(ports.api_base, ports.api_base + instance_count),
+        "ports.api_base": range(ports.api_base, ports.api_base + api_ports),
         "ports.dp_rpc_base": range(ports.dp_rpc_base, ports.dp_rpc_base + instance_count),
         "ports.kv_base": range(kv_base, kv_base + total_npus(config)),
         "ports.proxy": range(ports.proxy, ports.proxy + 1),

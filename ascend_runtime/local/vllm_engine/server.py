@@ -18,7 +18,7 @@ Every flag is one of ``vllm serve``'s in vLLM 0.23.0 (the release surface,
 - ``VLLM_CPU_OMP_THREADS_BIND=nobind`` with ``OMP_NUM_THREADS``: no core pinning, so several engines share
   a small machine.
 - ``--enforce-eager``: no graph compilation at start (minutes on a small machine, nothing gained here).
-- ``PYTHONPATH``: the one correction this target makes to vLLM (``shim/sitecustomize.py``).
+- ``PYTHONPATH``: the two changes this target makes to vLLM (``shim/sitecustomize.py``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one correction the local real-engine target makes to vLLM 0.23.0's CPU build, loaded before vLLM.
+"""The two changes the local real-engine target makes to vLLM 0.23.0's CPU build, loaded before vLLM.
 
 The launcher puts this directory first on ``PYTHONPATH`` of the engine processes it starts (and only
 those), so Python imports this file at start in the API server and in every engine process it spawns.
@@ -15,6 +15,14 @@ blocks-first when the backend is the CPU one and its mock shape has the block co
 nothing else: which blocks move, and whether they do, is still the connector's own code, so it cannot
 make KV look moved when it was not (the real-engine tests compare greedy answers through the pair with a
 single instance's and read decode's external prefix-cache hits).
+
+What it turns off: NIXL's progress thread. ``NixlConnectorWorker.__init__`` in
+``vllm/distributed/kv_transfer/kv_connector/v1/nixl/worker.py`` (vLLM 0.23.0) builds the agent with
+``nixl_agent_config(num_threads=..., capture_telemetry=True)``, leaving ``enable_prog_thread`` at its
+default, on; NIXL 1.5.1's agent runs that thread with ``pthrDelay = 0`` (``nixl_agent.__init__``,
+``nixl_cu12/_api.py``), a loop that yields but never sleeps, one core per engine even when idle. With it
+off, UCX progresses transfers when the worker polls them, which the NIXL worker does every engine step;
+no transfer is added, skipped or reported differently (docs/real-engine.md has the measurement).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import importlib.machinery
 import sys
 
 _TARGET = "vllm.distributed.kv_transfer.kv_connector.utils"
+_NIXL_WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker"
 
 
 def _correct(module) -> None:
@@ -42,11 +51,28 @@ def _correct(module) -> None:
     topology.__post_init__ = __post_init__
 
 
+def _quiet_progress_thread(module) -> None:
+    original = module.nixl_agent_config
+    if original is None:  # NIXL not installed: the worker refuses to start on its own
+        return
+
+    def nixl_agent_config(*args, **kwargs):
+        kwargs.setdefault("enable_prog_thread", False)
+        return original(*args, **kwargs)
+
+    module.nixl_agent_config = nixl_agent_config
+
+
+#: module -> what is applied to it right after it has run
+_AFTER_IMPORT = {_TARGET: _correct, _NIXL_WORKER: _quiet_progress_thread}
+
+
 class _CorrectOnImport(importlib.abc.MetaPathFinder):
-    """Applies :func:`_correct` right after the target module has run, whoever imports it first."""
+    """Applies the table's change right after its module has run, whoever imports it first."""
 
     def find_spec(self, name, path, target=None):
-        if name != _TARGET:
+        change = _AFTER_IMPORT.get(name)
+        if change is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
@@ -56,7 +82,7 @@ class _CorrectOnImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module) -> None:
             run(module)
-            _correct(module)
+            change(module)
 
         loader.exec_module = exec_module
         return spec
