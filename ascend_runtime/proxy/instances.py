@@ -42,12 +42,21 @@ class InstanceSpec:
     link-local, multicast or unspecified address (urls.py ``instance_url_problem``, checked here whatever
     built the spec).
     weight: relative capacity, 1 / MAX_WEIGHT to MAX_WEIGHT; load scores are divided by it.
+    instance: the engine instance this endpoint is one DP rank of (rank serving: one API server per DP
+    rank, ``--data-parallel-rank``), or None when the endpoint is a whole instance. Draining an instance
+    drains every endpoint it has.
     """
 
     name: str
     role: Role
     url: str
     weight: float = 1.0
+    instance: str | None = None
+
+    @property
+    def group(self) -> str:
+        """The engine instance the endpoint serves: ``instance``, or its own name."""
+        return self.instance or self.name
 
     def __post_init__(self) -> None:
         problem = instance_url_problem(self.url)
@@ -56,7 +65,10 @@ class InstanceSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form, the inverse of :func:`spec_from_mapping`."""
-        return {"name": self.name, "role": self.role, "url": self.url, "weight": self.weight}
+        out: dict[str, Any] = {"name": self.name, "role": self.role, "url": self.url, "weight": self.weight}
+        if self.instance is not None:
+            out["instance"] = self.instance
+        return out
 
 
 def _has_space_or_control(text: str) -> bool:
@@ -122,7 +134,7 @@ def weight_of(value: Any, name: str) -> float:
 
 
 def spec_from_mapping(data: Mapping[str, Any]) -> InstanceSpec:
-    """Build a spec from ``{name?, role, url, weight?}`` (the Plan/file/admin shape)."""
+    """Build a spec from ``{name?, role, url, weight?, instance?}`` (the Plan/file/admin shape)."""
     role = str(data.get("role", "")).strip().lower()
     if role not in ROLES:
         raise InstanceSpecError(f"instance {_shown(data)}: role must be 'prefill' or 'decode'")
@@ -139,7 +151,12 @@ def spec_from_mapping(data: Mapping[str, Any]) -> InstanceSpec:
         raise InstanceSpecError(f"instance name {name[:80]!r}: 1 to 253 characters without spaces or control "
                                 "characters")
     weight = weight_of(data.get("weight", 1.0), name)
-    return InstanceSpec(name=name, role=role, url=url, weight=weight)  # type: ignore[arg-type]
+    instance = data.get("instance")
+    if instance is not None and (not isinstance(instance, str) or not instance.strip() or len(instance) > 253
+                                 or _has_space_or_control(instance)):
+        raise InstanceSpecError(f"instance {name!r}: 'instance' (the engine instance this DP rank belongs to) must "
+                                "be a name of 1 to 253 characters without spaces, or left out")
+    return InstanceSpec(name=name, role=role, url=url, weight=weight, instance=instance)  # type: ignore[arg-type]
 
 
 def parse_cli_instance(role: Role, text: str) -> InstanceSpec:

@@ -255,10 +255,12 @@ def test_a_drain_with_migrate_moves_a_stream_to_the_other_decode(real_stack: Rea
     drained, objects = asyncio.run(go())
     assert not [o for o in objects if "error" in o], [o for o in objects if "error" in o]
     usage = [o["usage"] for o in objects if o.get("usage")]
-    tokens = sum(1 for o in objects if o.get("choices"))
+    tokens = sum(1 for o in objects if o.get("choices") and o["choices"][0].get("text"))
     assert len({o["id"] for o in objects}) == 1
-    # usage counts every token; an event may carry more than one (the detokenizer holds back a token that ends
-    # inside a UTF-8 character, frequent with a random model's byte-level output), so events are not tokens
+    # usage counts every token; an event with text carries one token or more (the detokenizer holds back a
+    # token that ends inside a UTF-8 character, frequent with a random model's byte-level output), and vLLM
+    # also sends events with no text (the finish event, held-back tokens): more text events than tokens would
+    # be tokens sent twice
     assert usage[-1]["completion_tokens"] == n and 0.9 * n <= tokens <= n, (usage[-1], tokens)
     assert usage[-1]["prompt_tokens"] == greedy(real_stack.url("decode-0"), body["prompt"], 1)["usage"]["prompt_tokens"]
     moved = _metric_sum(real_stack.proxy, "ascend_proxy_migrations_total")
