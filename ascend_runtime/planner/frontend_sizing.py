@@ -7,6 +7,9 @@ measured front-end capacity (:mod:`ascend_runtime.perf.frontend_capacity`).
     processes        = ceil(target / capacity/process), at least 1
     margin           = processes x capacity/process / target - 1   (headroom at the target)
 
+With ``serving: rank`` every DP rank has its own API server (vLLM's external load-balancer mode), so the
+same formulas size one rank: streams = max_num_seqs, and ``processes`` is per rank.
+
 An explicit ``decode.api_server_count`` below ``processes`` is refused (planner/validation.py): the Plan
 never renders a front end the measurement says cannot carry the target. Prefill answers one token per
 request, so its front end is sized by request rate (render/engine_args.py).
@@ -35,6 +38,7 @@ class FrontEnd:
     tokens_per_server: float
     needed: int
     count: int
+    per_rank: bool = False  #: ``serving: rank``: the figures are one DP rank's and its own API server(s)
 
     @property
     def margin(self) -> float:
@@ -43,8 +47,9 @@ class FrontEnd:
 
     def describe(self, role: str = "decode") -> str:
         """One line for ``ascend-deploy plan``."""
+        unit = "DP rank (rank serving: an API server per rank)" if self.per_rank else "instance"
         return (f"{role} front end: {self.streams:,} streams at the TPOT target = {self.target_tokens_per_s:,.0f} "
-                f"output tok/s per instance; one API server process is planned for {self.tokens_per_server:,.0f} "
+                f"output tok/s per {unit}; one API server process is planned for {self.tokens_per_server:,.0f} "
                 f"tok/s ({frontend_capacity.API_SERVER_TOKENS_PER_CPU_S:,.0f} per CPU-second measured, docs/benchmarks.md, "
                 f"x {frontend_capacity.HOST_CORE_FACTOR:g} host core x {frontend_capacity.TARGET_UTILISATION:g} of a core): "
                 f"{self.needed} needed, {self.count} rendered (--api-server-count), margin {self.margin:+.0%}")
@@ -56,13 +61,14 @@ def decode_front_end(config: dict[str, Any]) -> FrontEnd | None:
     stage = config.get("decode")
     if not stage or not stage.get("instances"):
         return None
-    streams = int(stage["dp"]) * int(stage["max_num_seqs"])
+    per_rank = config.get("serving") == "rank"
+    streams = int(stage["max_num_seqs"]) * (1 if per_rank else int(stage["dp"]))
     tpot_s = float((config.get("slo") or {}).get("tpot_ms") or DEFAULT_TPOT_MS) / 1000.0
     target = streams / tpot_s
     needed = frontend_capacity.servers_needed(target)
     explicit = stage.get("api_server_count")
     return FrontEnd(streams, target, frontend_capacity.tokens_per_server(), needed,
-                    int(explicit) if explicit else needed)
+                    int(explicit) if explicit else needed, per_rank)
 
 
 def check_front_end(config: dict[str, Any]) -> list[Problem]:
@@ -73,6 +79,7 @@ def check_front_end(config: dict[str, Any]) -> list[Problem]:
     return [Problem(
         "decode.api_server_count",
         f"{front.count} API server process(es) carry {front.count * front.tokens_per_server:,.0f} output tok/s, below "
-        f"the decode instance's target of {front.target_tokens_per_s:,.0f} ({front.streams:,} streams at "
+        f"the decode {'DP rank' if front.per_rank else 'instance'}'s target of {front.target_tokens_per_s:,.0f} "
+        f"({front.streams:,} streams at "
         f"slo.tpot_ms; one process carries {front.tokens_per_server:,.0f}, measured: docs/benchmarks.md)",
         front.count, f"set decode.api_server_count to {front.needed} or more, or leave it out to have it sized")]

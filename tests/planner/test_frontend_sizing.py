@@ -78,3 +78,18 @@ def test_a_stack_with_too_few_decode_api_servers_is_refused(tmp_path) -> None:
     with pytest.raises(ConfigError) as refused:
         load_plan("cm384-prod", str(stacks))
     assert "decode.api_server_count" in str(refused.value) and "22 or more" in str(refused.value)
+
+
+def test_rank_serving_sizes_each_ranks_own_front_end() -> None:
+    """With an API server per DP rank, the target is one rank's slots, not the instance's."""
+    whole = decode_front_end(_config(dp=64, seqs=96, tpot_ms=50))
+    per_rank = decode_front_end({**_config(dp=64, seqs=96, tpot_ms=50), "serving": "rank"})
+    assert whole is not None and per_rank is not None
+    assert per_rank.per_rank and per_rank.streams == 96 and per_rank.target_tokens_per_s == pytest.approx(1920)
+    assert per_rank.needed == 1 < whole.needed
+    assert "per DP rank" in per_rank.describe()
+    # a rank whose own target exceeds one process still gets more than one
+    heavy = decode_front_end({**_config(dp=2, seqs=4096, tpot_ms=50), "serving": "rank"})
+    assert heavy is not None and heavy.needed > 1
+    (problem,) = check_front_end({**_config(dp=2, seqs=4096, tpot_ms=50, count=1), "serving": "rank"})
+    assert problem.path == "decode.api_server_count" and "DP rank" in problem.message
