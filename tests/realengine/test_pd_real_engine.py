@@ -257,11 +257,11 @@ def test_a_drain_with_migrate_moves_a_stream_to_the_other_decode(real_stack: Rea
     usage = [o["usage"] for o in objects if o.get("usage")]
     tokens = sum(1 for o in objects if o.get("choices") and o["choices"][0].get("text"))
     assert len({o["id"] for o in objects}) == 1
-    # usage counts every token; an event with text carries one token or more (the detokenizer holds back a
-    # token that ends inside a UTF-8 character, frequent with a random model's byte-level output), and vLLM
-    # also sends events with no text (the finish event, held-back tokens): more text events than tokens would
-    # be tokens sent twice
-    assert usage[-1]["completion_tokens"] == n and 0.9 * n <= tokens <= n, (usage[-1], tokens)
+    # usage counts every token. An event with text carries one token or more (the detokenizer holds back a
+    # token that ends inside a UTF-8 character, frequent with a random model's byte-level output, and a busy
+    # output handler merges deltas), and vLLM also sends events with no text: so events are not tokens, but
+    # more text events than tokens would be tokens sent twice
+    assert usage[-1]["completion_tokens"] == n and 0 < tokens <= n, (usage[-1], tokens)
     assert usage[-1]["prompt_tokens"] == greedy(real_stack.url("decode-0"), body["prompt"], 1)["usage"]["prompt_tokens"]
     moved = _metric_sum(real_stack.proxy, "ascend_proxy_migrations_total")
     assert moved >= 1, f"no stream left {drained}"
@@ -305,7 +305,7 @@ def test_a_rollout_under_load_fails_no_request_and_the_planner_observes_it(real_
     done.set()
     loader.join(timeout=3600)
     assert rollout.returncode == 0, rollout.stdout + rollout.stderr
-    assert rollout.stdout.count(" -> ") == 1, rollout.stdout  # decode-0: "pid A -> B, serving in ..."
+    assert rollout.stdout.count("replaced: pid ") == 1, rollout.stdout  # decode-0: "pid A -> B, serving in ..."
     failed = [e for r in batches for e in r.to_dict()["errors"]]
     completed = sum(r.completed for r in batches)
     assert completed >= 16 and not failed, (completed, failed)
