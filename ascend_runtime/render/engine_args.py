@@ -122,8 +122,9 @@ def api_server_count(plan: Plan, inst: InstancePlan) -> int | None:
     return max(1, min(inst.dp, math.ceil(per_instance / REQUESTS_PER_API_SERVER)))
 
 
-def kv_transfer_config(plan: Plan, rank: RankPlan) -> dict[str, Any]:
-    """``--kv-transfer-config`` of a rank (the rank's own kv_port and engine_id from the Plan).
+def kv_transfer_config(plan: Plan, rank: RankPlan, engine_id: str | None = None) -> dict[str, Any]:
+    """``--kv-transfer-config`` of a rank (the rank's own kv_port and engine_id from the Plan; ``engine_id``:
+    another one, a DP rank's own under ``serving: rank``, :func:`rank_engine_id`).
 
     No ``kv_connector_module_path``: the release registers the connector by name from its
     ``vllm.general_plugins`` entry point, and vLLM 0.23.0 would look the registry *name* up as a class in
@@ -136,7 +137,7 @@ def kv_transfer_config(plan: Plan, rank: RankPlan) -> dict[str, Any]:
         "kv_role": "kv_producer" if rank.role == "prefill" else "kv_consumer",
         "kv_parallel_size": 1,
         "kv_port": str(rank.kv_port),
-        "engine_id": rank.engine_id,
+        "engine_id": rank.engine_id if engine_id is None else engine_id,
     }
     if conn.extra_config:
         prefill, decode = plan.config["prefill"], plan.config["decode"]
@@ -205,10 +206,8 @@ def compilation_config(plan: Plan, inst: InstancePlan) -> dict[str, Any] | None:
 
 def engine_command(plan: Plan, rank: RankPlan) -> list[str]:
     """argv of ``vllm serve`` for one rank: the leader serves the API, the others run ``--headless``."""
-    row = engine_release(plan)
     inst = plan.instance(rank.instance)
     model = plan.config["model"]
-    stage = plan.config[inst.role]
     argv = ["vllm", "serve", model["weights_path"]]
     if rank.is_leader:
         argv += ["--host", "0.0.0.0", "--port", str(inst.api_port)]
@@ -226,7 +225,51 @@ def engine_command(plan: Plan, rank: RankPlan) -> list[str]:
     ]
     if not rank.is_leader:
         argv += ["--data-parallel-start-rank", str(rank.dp_start_rank)]
-    argv += ["--tensor-parallel-size", str(inst.tp)]
+    return argv + _engine_options(plan, inst, kv_transfer_config(plan, rank))
+
+
+def rank_engine_id(plan: Plan, instance: str, dp_rank: int) -> str:
+    """The KV connector engine_id of one DP rank's server (``serving: rank``): ``<stack>-<instance>-dp<rank>``.
+
+    vLLM appends ``_dp<local DP rank>`` to the engine_id in every DP engine process (vllm/v1/engine/core.py
+    ``EngineCoreProc.run_engine_core``, v0.23.0); a ``--data-parallel-rank`` server's one engine has local rank 0,
+    so servers sharing the node's engine_id would all be ``<id>_dp0``: each rank gets its own.
+    """
+    return f"{plan.stack}-{instance}-dp{dp_rank}"
+
+
+def rank_serving_command(plan: Plan, rank: RankPlan, dp_rank: int, api_port: int) -> list[str]:
+    """argv of the ``vllm serve`` of one DP rank of a node group under ``serving: rank`` (docs/rank-serving.md).
+
+    vLLM's external load-balancer mode, as vLLM-Ascend v0.23.0's per-rank launcher spells it
+    (examples/external_online_dp/run_dp_template.sh; docs/source/tutorials/models/DeepSeek-V3.1.md, "Multi-Node
+    PD Separation"): ``--port`` the rank's own, ``--data-parallel-size`` the instance's DP, ``--data-parallel-rank``
+    the global rank (it implies ``data_parallel_external_lb``, vllm/engine/arg_utils.py ``create_engine_config``,
+    vLLM v0.23.0), ``--data-parallel-address`` / ``--data-parallel-rpc-port`` rank 0's front end, which runs the DP
+    coordinator and takes every engine's handshake (vllm/v1/engine/utils.py ``launch_core_engines``). No
+    ``--data-parallel-size-local`` (asserted 1 or None with a rank) nor ``--data-parallel-start-rank``; no
+    ``--api-server-count``: vLLM defaults it to 1 in external LB mode (vllm/entrypoints/cli/serve.py).
+    """
+    inst = plan.instance(rank.instance)
+    if dp_rank not in rank.dp_ranks:
+        raise ValueError(f"{rank.name} runs DP ranks {rank.dp_ranks.start}..{rank.dp_ranks.stop - 1}, not {dp_rank}")
+    model = plan.config["model"]
+    argv = ["vllm", "serve", model["weights_path"], "--host", "0.0.0.0", "--port", str(api_port),
+            "--served-model-name", model["name"],
+            "--data-parallel-size", str(inst.dp),
+            "--data-parallel-rank", str(dp_rank),
+            "--data-parallel-address", inst.api_host,
+            "--data-parallel-rpc-port", str(inst.dp_rpc_port)]
+    kv = kv_transfer_config(plan, rank, rank_engine_id(plan, inst.name, dp_rank))
+    return argv + _engine_options(plan, inst, kv)
+
+
+def _engine_options(plan: Plan, inst: InstancePlan, kv: dict[str, Any]) -> list[str]:
+    """The options after the DP ones, equal on every rank of an instance but for ``kv`` (its KV transfer config)."""
+    row = engine_release(plan)
+    model = plan.config["model"]
+    stage = plan.config[inst.role]
+    argv = ["--tensor-parallel-size", str(inst.tp)]
     if inst.ep > 1:
         argv.append("--enable-expert-parallel")
     argv += [
@@ -248,7 +291,7 @@ def engine_command(plan: Plan, rank: RankPlan) -> list[str]:
     compilation = compilation_config(plan, inst)
     if compilation:
         argv += ["--compilation-config", _json(compilation)]
-    argv += ["--kv-transfer-config", _json(kv_transfer_config(plan, rank))]
+    argv += ["--kv-transfer-config", _json(kv)]
     # --additional-config keys of engine.extra_args merged into the kit's: a second option would replace it
     user = extra_additional_config(list(plan.config["engine"].get("extra_args") or []))
     extra = merge_config(additional_config(plan, inst), user.values)

@@ -23,7 +23,14 @@ from ascend_runtime.config.inventory import Inventory
 from ascend_runtime.hardware import hardware_spec
 from ascend_runtime.planner.modules import ModuleDegrees, seed_layout_notes
 from ascend_runtime.planner.plan import InstancePlan, Plan, RankPlan
-from ascend_runtime.render.engine_args import connector, engine_command, engine_release, graph_mode
+from ascend_runtime.render.engine_args import (
+    connector,
+    engine_command,
+    engine_release,
+    graph_mode,
+    rank_engine_id,
+    rank_serving_command,
+)
 from ascend_runtime.render.environment import (
     hccl_buffsize_mb,
     rank_env,
@@ -116,18 +123,72 @@ def launch_script(plan: Plan, rank: RankPlan) -> str:
         dp_rpc_port=inst.dp_rpc_port,
         dp_start=rank.dp_start_rank,
         dp_end=rank.dp_start_rank + rank.dp_local - 1,
+        dp_local=rank.dp_local,
         startup_timeout_s=_startup_timeout_s(plan),
         image_env=image_environment(plan),
         env=list(rank_env(plan, rank).items()),
         secret_env=secret_env_names(plan),
         required_files=required,
-        argv=[[(TEXT, arg)] for arg in engine_command(plan, rank)],
+        argv=rank_serving_words(plan, inst, [rank]) if serves_ranks(inst) else [[(TEXT, arg)] for arg in engine_command(plan, rank)],
+        **_rank_serving_context(inst, rank),
     )
 
 
 #: Kinds of the pieces a launch script's argv words are made of (``(kind, text)``): literal text, or a
-#: shell variable the worker script sets at run time (``"$worker_index"``, ``"$DP_START_RANK"``).
-TEXT, WORKER_INDEX, DP_START_RANK = "text", "worker_index", "dp_start_rank"
+#: shell variable the worker script sets at run time (``"$worker_index"``, ``"$DP_START_RANK"``), or, under
+#: ``serving: rank``, one a node's script sets for each DP rank it starts (``"$dp_rank"``, ``"$api_port"``).
+TEXT, WORKER_INDEX, DP_START_RANK, DP_RANK, API_PORT = "text", "worker_index", "dp_start_rank", "dp_rank", "api_port"
+
+
+def serves_ranks(inst: InstancePlan) -> bool:
+    """True when every DP rank of the instance runs its own API server (``serving: rank``, docs/rank-serving.md)."""
+    return inst.serving == "rank"
+
+
+def rank_devices(inst: InstancePlan, rank: RankPlan, local_rank: int) -> tuple[int, ...]:
+    """The devices of one DP rank of a node group: its TP's slice of the group's devices, in order (the
+    ``ASCEND_RT_VISIBLE_DEVICES`` of its server, as examples/external_online_dp/launch_online_dp.py of
+    vLLM-Ascend v0.23.0 gives each rank ``i * tp .. (i + 1) * tp - 1``)."""
+    return rank.device_ids[local_rank * inst.tp:(local_rank + 1) * inst.tp]
+
+
+def rank_servers(plan: Plan, rank: RankPlan) -> list[tuple[int, int, tuple[int, ...], list[str]]]:
+    """(DP rank, API port, devices, argv) of every server a node group runs under ``serving: rank``."""
+    inst = plan.instance(rank.instance)
+    return [(dp_rank, port, rank_devices(inst, rank, j), rank_serving_command(plan, rank, dp_rank, port))
+            for j, (dp_rank, port) in enumerate(zip(rank.dp_ranks, rank.api_ports, strict=True))]
+
+
+def expand_rank_word(word: list[tuple[str, str]], dp_rank: int, api_port: int) -> str:
+    """An argv word of a ``serving: rank`` script as the script expands it for one DP rank."""
+    values = {DP_RANK: str(dp_rank), API_PORT: str(api_port)}
+    return "".join(values.get(kind, text) for kind, text in word)
+
+
+def rank_serving_words(plan: Plan, inst: InstancePlan, ranks: list[RankPlan]) -> list[list[tuple[str, str]]]:
+    """The per-DP-rank ``vllm serve`` argv of ``serving: rank`` with the words that differ between ranks taken
+    from the script's ``$dp_rank`` and ``$api_port``: the values of ``--data-parallel-rank`` and ``--port`` and
+    the rank in the engine_id inside ``--kv-transfer-config`` (:func:`rank_engine_id`). Checked against
+    :func:`rank_serving_command` of every DP rank of ``ranks``; any other difference raises
+    :class:`WorkerTemplateError`."""
+    first = ranks[0]
+    dp0, port0 = first.dp_ranks[0], first.api_ports[0]
+    engine_id = json.dumps(rank_engine_id(plan, inst.name, dp0))
+    id_prefix = engine_id[: -len(str(dp0)) - 1]
+    words = _templated(rank_serving_command(plan, first, dp0, port0),
+                       {"--data-parallel-rank": DP_RANK, "--port": API_PORT}, engine_id, id_prefix, DP_RANK)
+    for rank in ranks:
+        for dp_rank, port, _, expected in rank_servers(plan, rank):
+            if [expand_rank_word(w, dp_rank, port) for w in words] != expected:
+                raise WorkerTemplateError(f"{rank.name}: DP rank {dp_rank}'s argv is not its script's")
+    return words
+
+
+def _rank_serving_context(inst: InstancePlan, rank: RankPlan) -> dict[str, Any]:
+    """Template values of ``serving: rank`` (``serving_ranks`` false and nothing else under ``serving: instance``)."""
+    if not serves_ranks(inst):
+        return {"serving_ranks": False}
+    return {"serving_ranks": True, "api_ports": list(rank.api_ports)}
 #: Container variable naming the node a worker pod runs on (the Pulumi program sets it from
 #: ``spec.nodeName``); the worker script looks the node's Plan values up with it.
 WORKER_NODE_ENV = "ASCEND_DEPLOY_NODE"
@@ -148,6 +209,23 @@ def _expand(word: list[tuple[str, str]], index: int, dp_local: int) -> str:
     return "".join(values.get(kind, text) for kind, text in word)
 
 
+def _templated(argv: list[str], values: dict[str, str], engine_id: str, id_prefix: str,
+               id_kind: str) -> list[list[tuple[str, str]]]:
+    """``argv`` as words of pieces: the value of each option of ``values`` becomes that kind's variable, and
+    the engine_id (``engine_id`` as JSON spells it) inside ``--kv-transfer-config`` becomes ``id_prefix`` then
+    ``id_kind``'s variable."""
+    words: list[list[tuple[str, str]]] = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] in values:
+            words.append([(values[argv[i - 1]], "")])
+        elif engine_id in arg and arg.count(engine_id) == 1:
+            before, after = arg.split(engine_id)
+            words.append([(TEXT, before + id_prefix), (id_kind, ""), (TEXT, '"' + after)])
+        else:
+            words.append([(TEXT, arg)])
+    return words
+
+
 def worker_argv(plan: Plan, inst: InstancePlan) -> list[list[tuple[str, str]]]:
     """The headless ranks' ``vllm serve`` argv with the per-rank words taken from the worker index.
 
@@ -165,16 +243,8 @@ def worker_argv(plan: Plan, inst: InstancePlan) -> list[list[tuple[str, str]]]:
         raise WorkerTemplateError(f"{inst.name}: engine_id {first.engine_id!r} does not end in its rank index")
     engine_id = json.dumps(first.engine_id)  # how _json spells it inside --kv-transfer-config
     id_prefix = engine_id[: -len(suffix) - 1]  # up to the index: '"<stack>-<instance>-'
-    argv = engine_command(plan, first)
-    words: list[list[tuple[str, str]]] = []
-    for i, arg in enumerate(argv):
-        if i and argv[i - 1] == "--data-parallel-start-rank":
-            words.append([(DP_START_RANK, "")])
-        elif engine_id in arg and arg.count(engine_id) == 1:
-            before, after = arg.split(engine_id)
-            words.append([(TEXT, before + id_prefix), (WORKER_INDEX, ""), (TEXT, '"' + after)])
-        else:
-            words.append([(TEXT, arg)])
+    words = _templated(engine_command(plan, first), {"--data-parallel-start-rank": DP_START_RANK},
+                       engine_id, id_prefix, WORKER_INDEX)
     for rank in workers:
         got = [_expand(w, rank.index, rank.dp_local) for w in words]
         if got != engine_command(plan, rank):
@@ -210,6 +280,8 @@ def worker_launch_script(plan: Plan, inst: InstancePlan) -> str:
     tables = {tuple(ranktables_for_rank(plan, r)) for r in workers}
     if len(tables) != 1 or len({r.dp_local for r in workers}) != 1:
         raise WorkerTemplateError(f"{inst.name}: the headless ranks read different files or drive different NPU counts")
+    if serves_ranks(inst) and len({r.api_ports for r in workers}) != 1:
+        raise WorkerTemplateError(f"{inst.name}: the worker nodes' DP ranks serve on different ports")
     common, per_node = worker_env(plan, inst)
     return render_template(
         "entrypoint.sh.j2",
@@ -232,7 +304,8 @@ def worker_launch_script(plan: Plan, inst: InstancePlan) -> str:
         node_env=per_node,
         secret_env=secret_env_names(plan),
         required_files=[ranktable_path(name) for name in next(iter(tables))],
-        argv=worker_argv(plan, inst),
+        argv=rank_serving_words(plan, inst, list(workers)) if serves_ranks(inst) else worker_argv(plan, inst),
+        **_rank_serving_context(inst, workers[0]),
     )
 
 
@@ -321,7 +394,8 @@ def deployment_sheet(plan: Plan) -> str:
             "node": r.node,
             "devices": ",".join(str(d) for d in r.device_ids),
             "dp_ranks": f"{r.dp_start_rank}..{r.dp_start_rank + r.dp_local - 1}",
-            "mode": "leader (API)" if r.is_leader else "headless",
+            "mode": (f"API per DP rank: ports {', '.join(map(str, r.api_ports))}" if r.api_ports
+                     else "leader (API)" if r.is_leader else "headless"),
             "script": f"launch/{r.name}.sh",
             "tables": ", ".join(f"`{t}`" for t in ranktables_for_rank(plan, r)),
         }

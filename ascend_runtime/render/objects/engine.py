@@ -30,6 +30,7 @@ from ascend_runtime.perf.sim_flags import argv_from_config
 from ascend_runtime.planner.plan import InstancePlan, RankPlan
 from ascend_runtime.render.launch import (
     WORKER_NODE_ENV,
+    serves_ranks,
     worker_env,
     worker_launch_script,
     worker_script_name,
@@ -138,6 +139,24 @@ def api_service_url(ctx: Context, inst: InstancePlan) -> str:
     return f"http://{api_service_name(inst)}.{ctx.namespace}.svc:{inst.api_port}"
 
 
+def rank_service_name(inst: InstancePlan, rank: RankPlan) -> str:
+    """Service in front of the API servers of one node group's DP ranks (``serving: rank``): the leader's is the
+    instance's own (:func:`api_service_name`), a worker node group's ``<instance>-rank<k>-api``."""
+    return api_service_name(inst) if rank.is_leader else f"{rank.name}-api"
+
+
+def rank_port_name(local_rank: int) -> str:
+    """Container and Service port name of a node group's local DP rank (``serving: rank``): ``api`` for the
+    first, ``api-r<j>`` after it (at most 15 characters, an IANA_SVC_NAME)."""
+    return "api" if local_rank == 0 else f"api-r{local_rank}"
+
+
+def endpoint_service_urls(ctx: Context, inst: InstancePlan) -> list[str]:
+    """In-cluster URL of each of an instance's DP rank API servers (``serving: rank``), in
+    ``InstancePlan.api_endpoints`` order: the Service of the rank's node group, the rank's port."""
+    return [f"http://{rank_service_name(inst, r)}.{ctx.namespace}.svc:{port}" for r in inst.ranks for port in r.api_ports]
+
+
 def instance_tables(ctx: Context, inst: InstancePlan) -> dict[str, str]:
     """ConfigMap data: the rank tables the instance's ranks read (JSON text)."""
     tables = renderers.rank_tables(ctx.plan)
@@ -175,9 +194,27 @@ def launch_data(ctx: Context, inst: InstancePlan) -> dict[str, str]:
 HTTP_PROBE_CODE = "import sys, urllib.request; urllib.request.urlopen(sys.argv[2], timeout=float(sys.argv[1]))"
 
 
+#: Exec probe of ``serving: rank``: GET every URL of sys.argv[2:] within sys.argv[1] seconds each; any failure
+#: exits non-zero.
+HTTP_PROBE_ALL_CODE = ("import sys, urllib.request\n"
+                       "for url in sys.argv[2:]:\n    urllib.request.urlopen(url, timeout=float(sys.argv[1]))")
+
+
+def _rank_probe(rank: RankPlan, base: dict[str, Any], timeout: int) -> dict[str, Any]:
+    """``serving: rank``: the pod's own DP ranks' ``/health``, every one (the pod runs them all on its node's
+    network; the script exits when any of them does, so a rank that is down is one that is loading or stuck)."""
+    if len(rank.api_ports) == 1:
+        return {"httpGet": {"path": "/health", "port": rank.api_ports[0]}, **base}
+    urls = [f"http://127.0.0.1:{port}/health" for port in rank.api_ports]
+    return {"exec": {"command": ["python3", "-c", HTTP_PROBE_ALL_CODE, str(timeout), *urls]}, **base}
+
+
 def _probe(rank: RankPlan, ctx: Context, inst: InstancePlan, period: int, failures: int, timeout: int) -> dict[str, Any]:
-    """Probe of ``/health``: the rank's own API on the leader, the leader's API on workers."""
+    """Probe of ``/health``: the rank's own API on the leader, the leader's API on workers (``serving: rank``:
+    every DP rank server of the pod's own, :func:`_rank_probe`)."""
     base = {"periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": timeout}
+    if serves_ranks(inst) and not ctx.simulated:
+        return _rank_probe(rank, base, timeout)
     if rank.is_leader:
         return {"httpGet": {"path": "/health", "port": inst.api_port}, **base}
     if ctx.simulated:
@@ -204,7 +241,12 @@ def worker_probes(ctx: Context, inst: InstancePlan) -> dict[str, Any]:
     liveness: a worker whose engine exits ends its container and the controller recreates the group,
     and the leader's own probes cover a hung instance; a second, worker-side restart would only race
     the group's.
+
+    ``serving: rank``: a worker serves the API of its own DP ranks, so it gets the leader's three probes on
+    them (:func:`probes`): a hung rank server on a worker node is one no leader-side probe sees.
     """
+    if serves_ranks(inst) and not ctx.simulated:
+        return probes(ctx, inst, inst.ranks[1])
     return {"readinessProbe": _probe(inst.ranks[1], ctx, inst, HEALTH_PERIOD_S, 3, 5)}
 
 
@@ -269,7 +311,9 @@ def _container(ctx: Context, inst: InstancePlan, rank: RankPlan, worker_template
         if rank.is_leader and simulator_admin_token(ctx):
             env.append(simulator_admin_token_env())
     ports = []
-    if rank.is_leader:
+    if serves_ranks(inst):  # every DP rank's server (the worker template: every worker's)
+        ports += [{"name": rank_port_name(j), "containerPort": p, "protocol": "TCP"} for j, p in enumerate(rank.api_ports)]
+    elif rank.is_leader:
         ports.append({"name": "api", "containerPort": inst.api_port, "protocol": "TCP"})
     script = worker_script_name(inst) if worker_template else f"{rank.name}.sh"
     if ctx.simulated:
@@ -450,18 +494,41 @@ def instance_objects(ctx: Context, inst: InstancePlan) -> list[K8sObject]:
         objs.append(instance_lws(ctx, inst, config_digest))
     else:
         objs += [rank_deployment(ctx, inst, r, config_digest) for r in inst.ranks]
-    objs.append({
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata(ctx, api_service_name(inst), ENGINE_COMPONENT, inst_labels),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": rank_selector(leader),
-            "ports": [{"name": "http", "port": inst.api_port, "targetPort": inst.api_port, "protocol": "TCP"}],
-        },
-    })
+    if serves_ranks(inst):
+        objs += rank_services(ctx, inst, inst_labels)
+    else:
+        objs.append({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(ctx, api_service_name(inst), ENGINE_COMPONENT, inst_labels),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": rank_selector(leader),
+                "ports": [{"name": "http", "port": inst.api_port, "targetPort": inst.api_port, "protocol": "TCP"}],
+            },
+        })
     objs.append(instance_pdb(ctx, inst, inst_labels))
     return objs
+
+
+def rank_services(ctx: Context, inst: InstancePlan, labels: dict[str, str]) -> list[K8sObject]:
+    """``serving: rank``: one Service per node group (:func:`rank_service_name`) with a port per DP rank it runs
+    (``http`` for the first, ``http-r<j>`` after it; target the container port of the same number). Ranks of
+    different node groups share port numbers, so a node group's Service selects its one pod: the leader by
+    :func:`rank_selector`, a LeaderWorkerSet worker by its ``worker-index`` label (set by the controller), a rank
+    Deployment's pod by :func:`rank_selector`."""
+    out: list[K8sObject] = []
+    for rank in inst.ranks:
+        if rank.is_leader or not uses_lws(ctx, inst):
+            selector = rank_selector(rank)
+        else:
+            selector = {LABEL_COMPONENT: ENGINE_COMPONENT, SET_NAME_LABEL: inst.name, WORKER_INDEX_LABEL: str(rank.index)}
+        ports = [{"name": "http" if j == 0 else f"http-r{j}", "port": p, "targetPort": p, "protocol": "TCP"}
+                 for j, p in enumerate(rank.api_ports)]
+        out.append({"apiVersion": "v1", "kind": "Service",
+                    "metadata": metadata(ctx, rank_service_name(inst, rank), ENGINE_COMPONENT, labels),
+                    "spec": {"type": "ClusterIP", "selector": selector, "ports": ports}})
+    return out
 
 
 #: First Kubernetes minor whose eviction API honours ``unhealthyPodEvictionPolicy`` by default (feature gate

@@ -2,7 +2,7 @@
 
 * ``default-deny``: every pod of the namespace, ingress and egress, no rule.
 * ``proxy-ingress``: the proxy's port from anywhere (clients, the checks Job, Prometheus).
-* ``proxy-egress``: each instance leader's API port; DNS.
+* ``proxy-egress``: each instance leader's API port (``serving: rank``: every DP rank's); DNS.
 * ``balancer-ingress``: the metrics port from the monitoring namespace (Prometheus operator only).
 * ``balancer-egress``: the Kubernetes API (its Role: the expert-map ConfigMap), the balanced
   instances' API ports (expert load, maps); DNS.
@@ -45,8 +45,8 @@ DNS_RULE = {"to": [KUBE_DNS], "ports": [{"protocol": "UDP", "port": 53}, {"proto
 
 
 def api_ports(ctx: Context) -> list[int]:
-    """Every instance's OpenAI API port."""
-    return sorted({i.api_port for i in ctx.plan.instances})
+    """Every instance's OpenAI API port (``serving: rank``: every DP rank's)."""
+    return sorted({ep.port for i in ctx.plan.instances for ep in i.api_endpoints})
 
 
 def network_policy(ctx: Context, name: str, component: str, selector: dict[str, Any], types: list[str],
@@ -117,6 +117,21 @@ def to_leader(ctx: Context, inst: InstancePlan) -> dict[str, Any]:
             "ports": ports}
 
 
+def to_endpoints(ctx: Context, inst: InstancePlan) -> dict[str, Any]:
+    """Egress rule to what the proxy routes to of one instance: its leader (:func:`to_leader`), or under
+    ``serving: rank`` every DP rank's API port on the instance's engine pods, their nodes' addresses and the
+    spares the instance may move to (by port only on kind)."""
+    if inst.serving != "rank":
+        return to_leader(ctx, inst)
+    ports = [{"protocol": "TCP", "port": p} for p in sorted({ep.port for ep in inst.api_endpoints})]
+    if ctx.simulated:
+        return {"ports": ports}
+    hosts = sorted({r.host_ip for r in inst.ranks})
+    return {"to": [{"podSelector": {"matchLabels": {LABEL_COMPONENT: "engine", LABEL_INSTANCE: inst.name}}},
+                   *({"ipBlock": {"cidr": f"{ip}/32"}} for ip in [*hosts, *spare_addresses(ctx, inst.role)])],
+            "ports": ports}
+
+
 def default_deny(ctx: Context) -> K8sObject:
     """Every pod of the namespace: no ingress, no egress, unless another policy allows it."""
     return network_policy(ctx, "default-deny", "network", {}, ["Ingress", "Egress"])
@@ -148,7 +163,7 @@ def proxy_policies(ctx: Context) -> list[K8sObject]:
     return [
         network_policy(ctx, "proxy-ingress", "proxy", _component("proxy"), ["Ingress"], ingress=[{"ports": port}]),
         network_policy(ctx, "proxy-egress", "proxy", _component("proxy"), ["Egress"],
-                egress=[*(to_leader(ctx, i) for i in ctx.plan.instances), DNS_RULE]),
+                egress=[*(to_endpoints(ctx, i) for i in ctx.plan.instances), DNS_RULE]),
     ]
 
 

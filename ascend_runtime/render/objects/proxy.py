@@ -24,7 +24,8 @@ from ascend_runtime.render.objects.common import (
     pod_security,
     tmp_volume,
 )
-from ascend_runtime.render.objects.engine import api_service_url
+from ascend_runtime.render.launch import serves_ranks
+from ascend_runtime.render.objects.engine import api_service_url, endpoint_service_urls
 from ascend_runtime.render.objects.faults import (
     PROXY_ADMIN_SECRET,
     PROXY_TOKEN_ENV,
@@ -36,12 +37,20 @@ COMPONENT = "proxy"
 
 
 def instance_urls(ctx: Context) -> list[dict[str, Any]]:
-    """What the proxy routes to: the Plan's leader endpoints (Service DNS on simulated targets)."""
-    return [
-        {"name": i.name, "role": i.role, "url": api_service_url(ctx, i) if ctx.simulated else i.api_url,
-         "weight": float(i.npus)}
-        for i in ctx.plan.instances
-    ]
+    """What the proxy routes to: the Plan's leader endpoints (Service DNS on simulated targets).
+
+    ``serving: rank``: ``Plan.endpoints()``, one entry per DP rank's server with the ``instance`` it belongs to
+    (ascend_runtime/proxy/instances.py ``InstanceSpec.instance``) and the rank's share of the NPUs as weight."""
+    out: list[dict[str, Any]] = []
+    for i in ctx.plan.instances:
+        if not serves_ranks(i):
+            out.append({"name": i.name, "role": i.role, "url": api_service_url(ctx, i) if ctx.simulated else i.api_url,
+                        "weight": float(i.npus)})
+            continue
+        urls = endpoint_service_urls(ctx, i) if ctx.simulated else [ep.url for ep in i.api_endpoints]
+        out += [{"name": ep.name, "role": ep.role, "url": url, "weight": float(i.npus // i.dp), "instance": ep.instance}
+                for ep, url in zip(i.api_endpoints, urls, strict=True)]
+    return out
 
 
 def proxy_shape(ctx: Context) -> tuple[int, int]:
