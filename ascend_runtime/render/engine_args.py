@@ -247,8 +247,10 @@ def rank_serving_command(plan: Plan, rank: RankPlan, dp_rank: int, api_port: int
     the global rank (it implies ``data_parallel_external_lb``, vllm/engine/arg_utils.py ``create_engine_config``,
     vLLM v0.23.0), ``--data-parallel-address`` / ``--data-parallel-rpc-port`` rank 0's front end, which runs the DP
     coordinator and takes every engine's handshake (vllm/v1/engine/utils.py ``launch_core_engines``). No
-    ``--data-parallel-size-local`` (asserted 1 or None with a rank) nor ``--data-parallel-start-rank``; no
-    ``--api-server-count``: vLLM defaults it to 1 in external LB mode (vllm/entrypoints/cli/serve.py).
+    ``--data-parallel-size-local`` (asserted 1 or None with a rank) nor ``--data-parallel-start-rank``.
+    ``--api-server-count``: vLLM defaults it to 1 in external LB mode (vllm/entrypoints/cli/serve.py), and
+    takes an explicit count there too; a decode rank whose own token target needs more than one process
+    (planner/frontend_sizing.py, sized per rank under ``serving: rank``) gets that count.
     """
     inst = plan.instance(rank.instance)
     if dp_rank not in rank.dp_ranks:
@@ -260,6 +262,10 @@ def rank_serving_command(plan: Plan, rank: RankPlan, dp_rank: int, api_port: int
             "--data-parallel-rank", str(dp_rank),
             "--data-parallel-address", inst.api_host,
             "--data-parallel-rpc-port", str(inst.dp_rpc_port)]
+    if inst.role == "decode":
+        front = decode_front_end(plan.config)
+        if front is not None and front.count > 1:
+            argv += ["--api-server-count", str(front.count)]
     kv = kv_transfer_config(plan, rank, rank_engine_id(plan, inst.name, dp_rank))
     return argv + _engine_options(plan, inst, kv)
 

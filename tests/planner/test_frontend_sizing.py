@@ -93,3 +93,29 @@ def test_rank_serving_sizes_each_ranks_own_front_end() -> None:
     assert heavy is not None and heavy.needed > 1
     (problem,) = check_front_end({**_config(dp=2, seqs=4096, tpot_ms=50, count=1), "serving": "rank"})
     assert problem.path == "decode.api_server_count" and "DP rank" in problem.message
+
+
+def test_a_decode_rank_that_needs_more_than_one_process_renders_them(tmp_path) -> None:
+    """Under rank serving a rank's own front end is sized, and rendered when one process cannot carry it."""
+    import shutil
+
+    import yaml
+
+    from ascend_runtime.planner import load_plan
+    from ascend_runtime.render.engine_args import rank_serving_command
+
+    stacks = tmp_path / "stacks"
+    shutil.copytree("stacks", stacks)
+    path = stacks / "Pulumi.cm384-prod.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["config"]["ascend-deepseek:serving"] = "rank"
+    doc["config"].setdefault("ascend-deepseek:slo", {})["tpot_ms"] = 5  # 96 streams x 200 tok/s: over one process
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    plan = load_plan("cm384-prod", str(stacks))
+    front = decode_front_end(plan.config)
+    assert front is not None and front.per_rank and front.count > 1
+    rank = plan.by_role("decode")[0].ranks[0]
+    argv = rank_serving_command(plan, rank, rank.dp_start_rank, rank.api_ports[0])
+    assert argv[argv.index("--api-server-count") + 1] == str(front.count)
+    prefill = plan.by_role("prefill")[0].ranks[0]
+    assert "--api-server-count" not in rank_serving_command(plan, prefill, prefill.dp_start_rank, prefill.api_ports[0])
