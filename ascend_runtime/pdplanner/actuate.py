@@ -19,6 +19,11 @@ One move (:func:`move_group`), whatever runs the instances (a :class:`Backend`: 
 4. add the new instances to every proxy replica under their role (``POST /admin/instances/add``)
    and remove the old ones (``POST /admin/instances/remove``).
 
+Under rank serving (``serving: rank``) the proxies route to each DP rank of an instance as its own
+endpoint, listed with ``instance`` set: drains and removals name the instance (the proxies apply them
+to all its endpoints), the idle wait and the in-flight counts sum its endpoints (:func:`instance_views`),
+and the new instances are added as one endpoint per DP rank (``InstancePlan.api_endpoints``).
+
 The groups one decision moves move concurrently (each leaves the stage that has them in surplus).
 
 ``layout`` (group name -> role running) is what the planner counts from; a move updates it only
@@ -73,6 +78,18 @@ class PlannerProxyAdmin(ProxyAdmin):
         """Drain ``name`` and move its in-flight streams elsewhere; returns how many that replica moved."""
         answer = await self._call("POST", url, "/admin/instances/drain", {"name": name, "drain": True, "migrate": True})
         return int(answer.get("migrating") or 0) if isinstance(answer, dict) else 0
+
+
+def group_of(name: str, snapshot: dict[str, Any]) -> str:
+    """The engine instance a listed endpoint serves: its ``instance`` (a DP rank, rank serving) or its name."""
+    instance = snapshot.get("instance")
+    return instance if isinstance(instance, str) and instance else name
+
+
+def instance_views(listing: dict[str, dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """The snapshots of instance ``name`` in one replica's listing: the endpoint ``name`` and every endpoint
+    that is a DP rank of it; ``[]`` when the replica does not route to it."""
+    return [snap for key, snap in listing.items() if isinstance(snap, dict) and (key == name or group_of(key, snap) == name)]
 
 
 def idle(snapshot: dict[str, Any] | None) -> bool:
@@ -138,13 +155,15 @@ class GroupMover:
         return [(g, to) for g in candidates[: abs(prefill_groups - have)]]
 
     async def busy(self) -> dict[str, float]:
-        """In-flight requests per instance over every proxy replica ({} when no listing answers)."""
+        """In-flight requests per engine instance (its rank endpoints summed, rank serving) over every proxy
+        replica ({} when no listing answers)."""
         out: dict[str, float] = {}
         try:
             for url in await self.proxy.replicas():
                 for name, snap in (await self.proxy.listing(url)).items():
                     if isinstance(snap, dict):
-                        out[name] = out.get(name, 0.0) + float(snap.get("inflight") or 0)
+                        group = group_of(name, snap)
+                        out[group] = out.get(group, 0.0) + float(snap.get("inflight") or 0)
         except (ProxyError, aiohttp.ClientError) as exc:
             log.warning("reading the proxies' in-flight counts failed (%s); moving groups in Plan order", exc)
             return {}
@@ -168,7 +187,7 @@ class GroupMover:
             busy = []
             for url in await self.proxy.replicas():
                 listing = await self.proxy.listing(url)
-                busy += [f"{n}@{url}" for n in names if not idle(listing.get(n))]
+                busy += [f"{n}@{url}" for n in names if not all(idle(v) for v in instance_views(listing, n))]
             if not busy:
                 return True
             if time.monotonic() > deadline:
@@ -178,7 +197,17 @@ class GroupMover:
             await asyncio.sleep(self.poll_s)
 
     def _specs(self, names: Sequence[str]) -> list[dict[str, Any]]:
-        return [{"name": n, "role": self.plan.instance(n).role, "url": self.endpoint(n)} for n in names]
+        """The proxy's instance entries of ``names``: ``{name, role, url}`` of each instance (at
+        ``endpoint(name)``), or under rank serving ``{name, role, url, instance}`` of each DP rank."""
+        out: list[dict[str, Any]] = []
+        for n in names:
+            inst = self.plan.instance(n)
+            if getattr(inst, "serving", "instance") != "rank":
+                out.append({"name": n, "role": inst.role, "url": self.endpoint(n)})
+                continue
+            out += [{"name": ep.name, "role": ep.role, "url": ep.url, "instance": ep.instance}
+                    for ep in inst.api_endpoints]
+        return out
 
     async def move(self, group: FlexGroup, to_role: str) -> MoveResult:
         """Drain, stop, start in the other shape, health-check, re-register; never drops a request."""

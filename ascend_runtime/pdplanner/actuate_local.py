@@ -68,11 +68,18 @@ class LocalBackend:
             raise ActuationError(str(exc)) from None
 
     def write_instances_file(self) -> None:
-        """The proxy's watched instance list = the instances running now."""
+        """The proxy's watched instance list = the instances running now (under rank serving, one entry per DP
+        rank with the ``instance`` it belongs to, as ``Plan.endpoints()`` lists them)."""
         running = [i for i in self.plan.all_instances if self.running(i.name)]
+        entries: list[dict[str, str]] = []
+        for inst in running:
+            for ep in inst.api_endpoints:
+                entry = {"name": ep.name, "role": ep.role, "url": ep.url}
+                if ep.dp_rank is not None:
+                    entry["instance"] = ep.instance
+                entries.append(entry)
         write_file(self.state_dir / "instances.json",  # temporary file and rename, never through a link
-                   json.dumps({"instances": [{"name": i.name, "role": i.role, "url": i.api_url} for i in running]},
-                              indent=2))
+                   json.dumps({"instances": entries}, indent=2))
 
 
 class LocalMover(GroupMover):

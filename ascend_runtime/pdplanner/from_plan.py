@@ -133,4 +133,7 @@ def plan_from_doc(doc: object) -> Plan:
     except ValidationError as exc:
         problems = problems_from_validation(exc, StackConfig, prefix="config.")
         raise ValueError(str(problems[0]) if problems else f"config: {exc.error_count()} invalid values") from None
+    if isinstance(plan.config, dict) and "serving" not in plan.config:
+        # Plan.to_json leaves the default ``serving: instance`` out of the config: put it back
+        plan = dataclasses.replace(plan, config={**plan.config, "serving": "instance"})
     return plan

@@ -9,7 +9,10 @@ Reads the proxy's exposition (ascend_runtime/proxy/metrics.py, names ``ascend_pr
 - TTFT and TPOT percentiles (s) from the interval's ttft_seconds and itl_seconds
   histogram buckets (linear inside a bucket, as PromQL histogram_quantile);
 - queue depth = sum of inflight{role="prefill"} (requests on prefill instances now);
-- instances per role = series of instance_routable{role} with value 1.
+- instances per role = engine instances with a series of instance_routable{role} of value 1. Under
+  rank serving the proxy's series are per DP rank endpoint (``instance="decode-0-dp1"``) and
+  ``rank_endpoint{instance,engine_instance}`` names the engine instance of each: the ranks of one
+  instance count once, when at least one of them is routable.
 
 The proxy exports no prompt length. The prompt length per request is read from the prefill
 engines instead: vLLM's ``vllm:request_prompt_tokens`` histogram (``_sum`` / ``_count`` over the
@@ -75,7 +78,8 @@ def _le(name: str, labels: dict[str, str]) -> float:
 
 #: the proxy's series :func:`parse` reads
 _PROXY_SERIES = frozenset(P + n for n in ("requests_total", "ttft_seconds_bucket", "itl_seconds_bucket",
-                                          "itl_seconds_count", "inflight", "instance_routable", "prompt_tokens_total"))
+                                          "itl_seconds_count", "inflight", "instance_routable", "prompt_tokens_total",
+                                          "rank_endpoint"))
 #: the engine's series :func:`parse_engine_prompts` reads
 _ENGINE_SERIES = frozenset(("vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count"))
 
@@ -85,6 +89,8 @@ def parse(text: str, now: float) -> Snapshot:
     planner cannot read: text that does not parse, a value of a series it reads that is not a finite
     number >= 0, a histogram bucket without a numeric ``le``."""
     s = Snapshot(now)
+    routable: dict[tuple[str, str], bool] = {}  # (role, endpoint) -> routable now
+    engine_of: dict[str, str] = {}  # rank endpoint -> its engine instance
     for name, labels, value in _samples(text, _PROXY_SERIES):
         if name == P + "requests_total":
             s.requests = (s.requests or 0.0) + value
@@ -97,10 +103,26 @@ def parse(text: str, now: float) -> Snapshot:
         elif name == P + "inflight":
             s.inflight[labels.get("role", "")] = s.inflight.get(labels.get("role", ""), 0.0) + value
         elif name == P + "instance_routable":
-            s.routable[labels.get("role", "")] = s.routable.get(labels.get("role", ""), 0) + (1 if value >= 1 else 0)
+            key = (labels.get("role", ""), labels.get("instance", ""))
+            routable[key] = routable.get(key, False) or value >= 1
         elif name == P + "prompt_tokens_total":
             s.prompt_tokens_sum = (s.prompt_tokens_sum or 0.0) + value
+        elif name == P + "rank_endpoint" and value >= 1 and labels.get("engine_instance"):
+            engine_of[labels.get("instance", "")] = labels["engine_instance"]
+    s.routable = routable_instances(routable, engine_of)
     return s
+
+
+def routable_instances(routable: dict[tuple[str, str], bool], engine_of: dict[str, str]) -> dict[str, int]:
+    """Role -> engine instances with at least one routable endpoint; ``routable``: (role, endpoint name) ->
+    routable, ``engine_of``: rank endpoint -> its engine instance (an endpoint not in it is a whole instance).
+    Every role with a series is a key (0 when none of its instances is routable)."""
+    seen: dict[str, set[str]] = {}
+    for (role, endpoint), ok in routable.items():
+        groups = seen.setdefault(role, set())
+        if ok:
+            groups.add(engine_of.get(endpoint, endpoint))
+    return {role: len(groups) for role, groups in seen.items()}
 
 
 def parse_engine_prompts(text: str) -> tuple[float, float] | None:

@@ -3,13 +3,19 @@
 POST /admin/instances/add     {"name"?, "role", "url", "weight"?} or {"instances": [...]}
 POST /admin/instances/remove  {"name": N} or {"names": [...]}
 POST /admin/instances/drain   {"name": N, "drain": true|false, "migrate"?: false|true}
-GET  /admin/instances         -> {"instances": [...], "summary": {...}}
+GET  /admin/instances         -> {"instances": [...], "summary": {...}}; each endpoint's ``instance``
+                                 (the engine instance it is a DP rank of) when set
 
 ``migrate: true`` (with ``drain: true``) also moves the instance's in-flight
 decode streams to other decode instances (forward.py, migrate.py), and every
 stream that starts relaying from it later, until it is undrained; the answer
 carries ``migrating``: the streams this worker stopped (they continue
 elsewhere; the others finish in place). Without it a drain only waits.
+
+A name in ``remove`` and ``drain`` is an endpoint's name or an engine instance's: under rank serving
+(one API server per DP rank, each its own endpoint with ``instance`` set) the instance's name stands
+for every endpoint whose ``instance`` it is, and the answer adds ``endpoints``: the names acted on.
+Under instance serving each endpoint is its own instance and the answers are as they always were.
 
 Without ``Authorization: Bearer <token>`` the answer is 401; if the proxy was
 started without an admin token every admin call is refused with 403.
@@ -157,14 +163,34 @@ class AdminApi:
             self.pool.add(spec, source="admin")
         return await self._everywhere(request, {"added": [s.name for s in specs], **self._listing()})
 
+    def _endpoints(self, names: list[str]) -> tuple[list[str], list[str]]:
+        """(the endpoint names ``names`` stand for, each once in listing order; the names that stand for none).
+
+        A name is an endpoint's or an engine instance's (``InstancePool.members``)."""
+        found: dict[str, None] = {}
+        missing = []
+        for name in names:
+            members = self.pool.members(name)
+            if not members:
+                missing.append(name)
+            found.update((s.name, None) for s in members)
+        return list(found), missing
+
+    def _rank_answer(self, endpoints: list[str]) -> dict[str, Any]:
+        """``{"endpoints": [...]}`` when any of ``endpoints`` is a DP rank of an instance (rank serving), else
+        ``{}``: answers under instance serving keep their shape."""
+        ranks = any((s := self.pool.get(n)) is not None and s.spec.instance is not None for n in endpoints)
+        return {"endpoints": endpoints} if ranks else {}
+
     async def remove(self, request: web.Request) -> web.Response:
         names = _names(await _json(request))
-        missing = [n for n in names if self.pool.get(n) is None]
+        endpoints, missing = self._endpoints(names)
         if missing:
             return _err(404, f"unknown instance(s): {missing}")
-        for name in names:
+        extra = self._rank_answer(endpoints)
+        for name in endpoints:
             self.pool.remove(name)
-        return await self._everywhere(request, {"removed": names, **self._listing()})
+        return await self._everywhere(request, {"removed": names, **extra, **self._listing()})
 
     async def drain(self, request: web.Request) -> web.Response:
         data = await _json(request)
@@ -174,11 +200,14 @@ class AdminApi:
             return _err(400, f"drain and migrate must be true or false, got drain={drain!r}, migrate={migrate!r}")
         if migrate and not drain:
             return _err(400, "migrate needs drain: true (an undrained instance keeps its streams)")
-        if not self.pool.drain(name, drain, migrate):
+        endpoints, missing = self._endpoints([name])
+        if missing:
             return _err(404, f"unknown instance: {name!r}")
-        answer: dict[str, Any] = {"drained" if drain else "undrained": name}
+        for endpoint in endpoints:  # all drained before any stream moves: none moves to a sibling rank
+            self.pool.drain(endpoint, drain, migrate)
+        answer: dict[str, Any] = {"drained" if drain else "undrained": name, **self._rank_answer(endpoints)}
         if migrate:
-            answer["migrating"] = self.pool.migrate_streams(name)
+            answer["migrating"] = sum(self.pool.migrate_streams(e) for e in endpoints)
         return await self._everywhere(request, {**answer, **self._listing()})
 
     async def list(self, request: web.Request) -> web.Response:

@@ -31,6 +31,12 @@ Names (all prefixed ``ascend_proxy_``):
   relayed_chunks_total                      upstream body chunks relayed to clients
   instance_routable{role,instance}          1 if routable now (refreshed on scrape)
   instance_kv_cache_usage{role,instance}    last scraped vllm:kv_cache_usage_perc
+  rank_endpoint{role,instance,engine_instance}  1 for each endpoint that is one DP rank of engine
+                                            instance ``engine_instance`` (rank serving; the
+                                            family is absent while no endpoint is a rank)
+
+``instance`` is the endpoint's name: under rank serving one series per DP rank
+(``prefill-0-dp1``); ``rank_endpoint`` maps those back to their engine instance.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -98,6 +104,30 @@ class BatchHistogram(Collector):
         yield self._family()
 
 
+class RankEndpoints(Collector):
+    """``ascend_proxy_rank_endpoint{role,instance,engine_instance}`` from the pool at each scrape; nothing at
+    all while no endpoint is a DP rank (the exposition under instance serving is what it always was)."""
+
+    NAME = "ascend_proxy_rank_endpoint"
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.pool: InstancePool | None = None
+        registry.register(self)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        ranks = [s for s in self.pool.all() if s.spec.instance is not None] if self.pool is not None else []
+        if not ranks:
+            return
+        family = GaugeMetricFamily(self.NAME, "1 for each endpoint that is one DP rank of an engine instance",
+                                   labels=["role", "instance", "engine_instance"])
+        for s in ranks:
+            family.add_metric([s.role, s.name, s.spec.group], 1)
+        yield family
+
+
 class ProxyMetrics:
     """Holds the collectors; call :meth:`render` for the ``/metrics`` body."""
 
@@ -133,6 +163,7 @@ class ProxyMetrics:
                               registry=r)
         self.kv_usage = Gauge(p + "instance_kv_cache_usage", "Scraped vllm:kv_cache_usage_perc", ["role", "instance"],
                               registry=r)
+        self.rank_endpoints = RankEndpoints(r)
 
         #: label children of the per-request counters, looked up once per label set (these are never removed)
         self._children: dict[tuple[str, ...], Any] = {}
@@ -173,6 +204,7 @@ class ProxyMetrics:
     def render(self, pool: InstancePool) -> bytes:
         """Refresh per-instance gauges from ``pool`` and return the exposition text."""
         now = pool.clock()
+        self.rank_endpoints.pool = pool
         for s in pool.all():
             self.inflight.labels(s.role, s.name).set(s.inflight)
             self.routable.labels(s.role, s.name).set(1 if s.routable(now) else 0)

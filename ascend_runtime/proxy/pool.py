@@ -182,6 +182,12 @@ class InstancePool:
     def all(self, role: Role | None = None) -> list[InstanceState]:
         return [s for s in self._by_name.values() if role is None or s.role == role]
 
+    def members(self, name: str) -> list[InstanceState]:
+        """The endpoints ``name`` designates, in listing order: every endpoint whose engine instance
+        (``spec.group``) is ``name`` (all DP ranks of an instance under rank serving), and the endpoint called
+        ``name``; ``[]`` when neither exists. Under instance serving this is exactly the endpoint ``name``."""
+        return [s for s in self._by_name.values() if s.spec.group == name or s.name == name]
+
     def max_model_len(self, role: Role) -> int | None:
         """The smallest context limit (tokens) the serving instances of ``role`` reported, None if none did."""
         known = [s.max_model_len for s in self.all(role) if not s.removed and s.max_model_len is not None]

@@ -19,8 +19,8 @@ Coherence:
   ``outstanding_prompt_tokens``, ``active_seqs``, ``served``) over the workers.
 - ``GET /metrics`` on any worker merges every worker's own exposition:
   counters, histograms and ``inflight`` are summed; ``_created`` samples take
-  the earliest; ``instance_ejected`` and ``instance_kv_cache_usage`` the
-  highest; ``instance_routable`` the lowest (routable in every worker).
+  the earliest; ``instance_ejected``, ``instance_kv_cache_usage`` and
+  ``rank_endpoint`` the highest; ``instance_routable`` the lowest (routable in every worker).
   ``ascend_proxy_worker_up{worker}`` is 1 for every worker that answered.
   The per-worker view is the same route on a worker's Unix socket.
 - Routing state (in-flight counts, ejections) is per worker. Each worker
@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 #: numeric fields of an instance listing summed over workers
 LOAD_FIELDS = ("inflight", "outstanding_prompt_tokens", "active_seqs", "served")
 #: gauges merged by max / min instead of sum
-MAX_GAUGES = ("ascend_proxy_instance_ejected", "ascend_proxy_instance_kv_cache_usage")
+MAX_GAUGES = ("ascend_proxy_instance_ejected", "ascend_proxy_instance_kv_cache_usage", "ascend_proxy_rank_endpoint")
 MIN_GAUGES = ("ascend_proxy_instance_routable",)
 
 

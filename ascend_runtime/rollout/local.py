@@ -31,10 +31,11 @@ def local_targets(plan: Plan, state: StackState, state_dir: Path) -> list[Target
     """The running engine instances (simulators or vLLM servers) of the stack as targets, in rollout order.
 
     Raises RolloutInputError when the stack file no longer describes what runs: an instance
-    the Plan does not know, or an instance whose address differs from the one the proxy
-    routes to (``<state>/instances.json``).
+    the Plan does not know, or an instance (under rank serving: a DP rank endpoint) whose address
+    differs from the one the proxy routes to (``<state>/instances.json``).
     """
     rows = []
+    endpoints: list[tuple[str, str]] = []  # (endpoint name, URL): the instance, or each DP rank (rank serving)
     for rec in state.processes:
         if rec.kind not in ENGINE_KINDS:
             continue
@@ -44,10 +45,11 @@ def local_targets(plan: Plan, state: StackState, state_dir: Path) -> list[Target
             raise RolloutInputError(f"--stack {plan.stack}: the running instance {rec.name} is not in the stack's "
                                     "Plan any more; a rollout keeps the topology: run `down` and `up` to change it") from None
         rows.append((inst.name, inst.role, inst.ordinal, inst.api_url))
+        endpoints += [(ep.name, ep.url) for ep in inst.api_endpoints]
     if not rows:
         raise RolloutInputError(f"--stack {plan.stack}: the running stack has no engine instance (state in {state_dir})")
     routed = _routed(state_dir)
-    changed = [f"{name} {routed[name]} -> {url}" for name, _, _, url in rows if name in routed and routed[name] != url]
+    changed = [f"{name} {routed[name]} -> {url}" for name, url in endpoints if name in routed and routed[name] != url]
     if changed:
         raise RolloutInputError(f"--stack {plan.stack}: the stack file moved instances the proxy routes to "
                                 f"({'; '.join(changed)}); a rollout keeps addresses and ports: undo that edit, "

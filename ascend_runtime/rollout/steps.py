@@ -16,6 +16,13 @@ Per instance (``[k/n] name``):
    while it restarted re-admits it after a passing health check), so the next drain never
    leaves a role without a routable instance.
 
+Under rank serving (``serving: rank``) the proxies route to each DP rank of an instance as its own
+endpoint (``<instance>-dp<rank>``, listed with ``instance`` set): the drain and undrain name the
+instance, which the proxies apply to all its endpoints; the wait sums ``inflight`` over all of them;
+the post-check runs ``/health`` and a PD round trip through every rank endpoint (at its listed URL,
+with a routable endpoint of the other role as partner); the undrain waits until every one is
+routable. :func:`endpoints_of` is the one place that maps an instance to its endpoints.
+
 A failure in steps 3-5 leaves the instance drained (it may be broken) and stops the
 rollout; the instances after it stay on the old version, untouched. Before the first
 step, a preflight asks every replica for its instances: each target must be known to
@@ -36,6 +43,26 @@ from ascend_runtime.rollout.order import Target
 from ascend_runtime.rollout.postcheck import PostCheck, PostCheckFailed
 
 ON_DRAIN_TIMEOUT = ("stop", "replace")
+
+
+Listing = dict[str, dict[str, Any]]  # one replica's ``GET /admin/instances``: endpoint name -> its snapshot
+
+
+def endpoints_of(listing: Listing, name: str) -> list[dict[str, Any]]:
+    """The snapshots of instance ``name`` in one replica's listing: every endpoint whose ``instance`` is
+    ``name`` (its DP ranks, rank serving), and the endpoint called ``name`` (the whole instance, instance
+    serving); ``[]`` when the replica does not route to it."""
+    return [snap for key, snap in listing.items() if key == name or snap.get("instance") == name]
+
+
+def ranks_of(listing: Listing, name: str) -> list[dict[str, Any]]:
+    """The DP-rank endpoints of instance ``name`` in ``listing`` (rank serving); ``[]`` under instance serving."""
+    return [snap for snap in endpoints_of(listing, name) if snap.get("instance") == name]
+
+
+def inflight_of(listing: Listing, name: str) -> int:
+    """Requests one replica counts in flight on instance ``name``, summed over its endpoints."""
+    return sum(int(snap.get("inflight") or 0) for snap in endpoints_of(listing, name))
 
 
 class ReplaceError(Exception):
@@ -115,7 +142,7 @@ class Rollout:
         self.current: Target | None = None
 
     # ---- proxy admin over every replica ------------------------------------------------------
-    async def _listings(self) -> dict[str, dict[str, dict[str, Any]]]:
+    async def _listings(self) -> dict[str, Listing]:
         return {url: await self.admin.listing(url) for url in self.replicas}
 
     async def _drain_all(self, name: str, drain: bool) -> None:
@@ -129,10 +156,10 @@ class Rollout:
             raise StepFailed("preflight", "no proxy replica to drain on", drained=False)
         listings = await self._listings()
         for url, listing in listings.items():
-            unknown = [t.name for t in self.targets if t.name not in listing]
+            unknown = [t.name for t in self.targets if not endpoints_of(listing, t.name)]
             if unknown:
                 raise StepFailed("preflight", f"the proxy at {url} does not route to {', '.join(unknown)}", drained=False)
-            drained = [t.name for t in self.targets if listing[t.name].get("draining")]
+            drained = [t.name for t in self.targets if any(e.get("draining") for e in endpoints_of(listing, t.name))]
             if drained and not self.options.include_drained:
                 raise StepFailed("preflight", f"{', '.join(drained)} already drained on the proxy at {url} (by an "
                                  "operator or the fault watcher); undrain first, leave it out with --instance, or "
@@ -173,7 +200,7 @@ class Rollout:
                 await self._restore(target)
                 raise StepFailed("wait", f"{exc} (no answer for {opts.drain_timeout_s:g} s, --drain-timeout-s)",
                                  drained=False) from None
-            inflight = sum(int(listing.get(target.name, {}).get("inflight") or 0) for listing in listings.values())
+            inflight = sum(inflight_of(listing, target.name) for listing in listings.values())
             waited = self.clock() - start
             if inflight == 0:
                 self.say(f"{prefix} no request in flight after {waited:.1f} s")
@@ -191,19 +218,47 @@ class Rollout:
                 last_said = (inflight, self.clock())
             await asyncio.sleep(opts.poll_s)
 
-    def partner_of(self, target: Target, listings: dict[str, dict[str, dict[str, Any]]]) -> Target:
-        """A serving instance of the other role that every replica routes to."""
+    def partner_of(self, target: Target, listings: dict[str, Listing]) -> Target:
+        """A serving instance of the other role that every replica routes to; under rank serving one of its
+        rank endpoints that every replica routes to (name and URL as the proxies list them)."""
         other = "decode" if target.role == "prefill" else "prefill"
         for cand in self.serving:
-            if cand.role == other and cand.name != target.name and all(
-                    listing.get(cand.name, {}).get("routable") for listing in listings.values()):
+            if cand.role != other or cand.name == target.name:
+                continue
+            if all(listing.get(cand.name, {}).get("routable") for listing in listings.values()):
                 return cand
+            rank = self._routable_rank(cand, listings)
+            if rank is not None:
+                return rank
         raise StepFailed("post-check", f"no routable {other} instance to run a PD round trip with", drained=True)
+
+    @staticmethod
+    def _routable_rank(cand: Target, listings: dict[str, Listing]) -> Target | None:
+        """The first rank endpoint of ``cand`` every replica routes to, as a Target (None: none is)."""
+        first = next(iter(listings.values()), {})
+        for snap in ranks_of(first, cand.name):
+            name = snap.get("name")
+            if all(listing.get(name, {}).get("routable") for listing in listings.values()):
+                return Target(str(name), cand.role, str(snap.get("url") or cand.url))
+        return None
+
+    def checked_endpoints(self, target: Target, listings: dict[str, Listing]) -> list[Target]:
+        """What the post-check runs on: ``target`` itself, or under rank serving each of its rank endpoints
+        (name and URL as the first replica lists them)."""
+        first = next(iter(listings.values()), {})
+        ranks = ranks_of(first, target.name)
+        if not ranks:
+            return [target]
+        return [Target(str(snap.get("name")), target.role, str(snap.get("url") or target.url)) for snap in ranks]
 
     async def post_check(self, target: Target) -> str:
         try:
-            partner = self.partner_of(target, await self._listings())
-            return await self.check(target, partner)
+            listings = await self._listings()
+            partner = self.partner_of(target, listings)
+            endpoints = self.checked_endpoints(target, listings)
+            if endpoints == [target]:
+                return await self.check(target, partner)
+            return "; ".join([f"{ep.name}: {await self.check(ep, partner)}" for ep in endpoints])
         except ProxyError as exc:
             raise StepFailed("post-check", str(exc), drained=True) from None
         except PostCheckFailed as exc:
@@ -221,8 +276,7 @@ class Rollout:
                 listings = await self._listings()
             except ProxyError as exc:
                 raise StepFailed("undrain", str(exc), drained=False) from None
-            not_yet = {url: listing.get(target.name, {}).get("status", "unknown") for url, listing in listings.items()
-                       if not listing.get(target.name, {}).get("routable")}
+            not_yet = self._not_routable(target, listings)
             if not not_yet:
                 return self.clock() - start
             if self.clock() - start >= self.options.routable_timeout_s:
@@ -230,6 +284,22 @@ class Rollout:
                 raise StepFailed("undrain", f"undrained, but not routable after {self.options.routable_timeout_s:g} s "
                                  f"({detail})", drained=False)
             await asyncio.sleep(self.options.poll_s)
+
+    @staticmethod
+    def _not_routable(target: Target, listings: dict[str, Listing]) -> dict[str, str]:
+        """Where ``target`` is not routable yet -> the proxy's status: ``url`` -> status, or under rank
+        serving ``url endpoint`` -> status for each rank endpoint that is not."""
+        out: dict[str, str] = {}
+        for url, listing in listings.items():
+            ranks = ranks_of(listing, target.name)
+            if not ranks:
+                view = listing.get(target.name, {})
+                if not view.get("routable"):
+                    out[url] = view.get("status", "unknown")
+                continue
+            out.update({f"{url} {snap.get('name')}": snap.get("status", "unknown") for snap in ranks
+                        if not snap.get("routable")})
+        return out
 
     # ---- the whole rollout -------------------------------------------------------------------
     async def run(self) -> Outcome:
