@@ -24,11 +24,19 @@ class CheckFailed(Exception):
 
 @dataclass(frozen=True)
 class Instance:
-    """One engine instance: plan name, leader API base URL, role (prefill/decode) if known."""
+    """One API endpoint the proxy routes to: plan name, API base URL, role (prefill/decode) if known, and with
+    rank serving (one API server per DP rank) the engine instance it is a DP rank of (``instance``; None: the
+    endpoint is a whole instance, its leader's server)."""
 
     name: str
     url: str
     role: str | None = None
+    instance: str | None = None
+
+    @property
+    def group(self) -> str:
+        """The engine instance the endpoint serves: ``instance``, or its own name."""
+        return self.instance or self.name
 
 
 @dataclass

@@ -107,6 +107,7 @@ async def _metrics_or_none(ctx: SmokeContext, inst: Instance) -> DecodeCounters 
 def kv_handover_item(prompt_blocks: float = PROMPT_BLOCKS, tries: int | None = None) -> CheckItem:
     """The item: one unique prompt of ``prompt_blocks`` engine blocks per try through the proxy (``tries``:
     default, one per decode instance, at least two), each pair the proxy chose judged by :func:`verdict`.
+    With rank serving the proxy names a DP rank's server, whose /metrics has that rank's counters only.
 
     Needs the instances (``--stack`` or an explicit list with roles): their ``/metrics`` are read."""
 
@@ -118,7 +119,7 @@ def kv_handover_item(prompt_blocks: float = PROMPT_BLOCKS, tries: int | None = N
             raise CheckFailed("no model name: GET /v1/models failed and no --model given")
         rng = random.Random(secrets.randbits(64))
         results: dict[tuple[str, str], str] = {}
-        for _ in range(tries or max(2, len(decodes))):
+        for _ in range(tries or max(2, len({i.group for i in decodes.values()}))):
             # every decode's counters before: the proxy names the one it chose only in its answer (a decode
             # that cannot be read is left out here: the proxy routes around a dead one, its own items say so)
             before = {name: await _metrics_or_none(ctx, inst) for name, inst in decodes.items()}

@@ -14,7 +14,8 @@ Built-in items:
   ``[DONE]`` and the PD headers ``x-prefill-instance`` / ``x-decode-instance``
   (which, when instance roles are known, must name a prefill resp. decode
   instance);
-- per instance (from the Plan with ``--stack``): ``/health`` and ``/v1/models``;
+- per instance (from the Plan with ``--stack``): ``/health`` and ``/v1/models``; with rank serving
+  (``serving: rank``) per DP rank, each rank's own API server;
 - with the instances known: that each PD pair the proxy chose moved the prompt's KV (kv_handover.py).
 """
 
@@ -194,7 +195,8 @@ def instance_items(instances: Sequence[Instance]) -> list[CheckItem]:
     """``/health`` and ``/v1/models`` items for every instance (named by plan name and role)."""
     items: list[CheckItem] = []
     for inst in instances:
-        who = f"instance {inst.name}" + (f" ({inst.role})" if inst.role else "")
+        what = f"rank {inst.name} of {inst.instance}" if inst.instance else f"instance {inst.name}"
+        who = what + (f" ({inst.role})" if inst.role else "")
         base = base_url(inst.url)
 
         async def health(ctx: SmokeContext, base: str = base, who: str = who) -> str:
@@ -228,8 +230,15 @@ def failing_item(name: str, reason: str) -> CheckItem:
 
 
 def plan_instances(stack: str, stacks_dir: str | None = None) -> list[Instance]:
-    """Instances of the stack's Plan (raises the planner's ConfigError)."""
-    return [Instance(name=i.name, url=i.api_url, role=i.role) for i in _load_plan(stack, stacks_dir).instances]
+    """Endpoints of the stack's Plan (raises the planner's ConfigError): :func:`plan_endpoints`."""
+    return plan_endpoints(_load_plan(stack, stacks_dir))
+
+
+def plan_endpoints(plan: Any) -> list[Instance]:
+    """What the proxy routes to in ``plan`` (``Plan.endpoints()``): each instance's leader server, or with
+    ``serving: rank`` each DP rank's own server, with the instance it belongs to."""
+    return [Instance(name=e["name"], url=e["url"], role=e["role"], instance=e.get("instance"))
+            for e in plan.endpoints()]
 
 
 def _load_plan(stack: str, stacks_dir: str | None):  # noqa: ANN202 - Plan, imported lazily
@@ -250,11 +259,13 @@ def stack_items(
         plan = _load_plan(stack, stacks_dir)
     except Exception as exc:  # noqa: BLE001 - any planner error is reported as the item's failure
         return [], [failing_item(f"plan {stack}", f"load_plan({stack!r}) failed: {type(exc).__name__}: {exc}")]
-    instances = [Instance(name=i.name, url=i.api_url, role=i.role) for i in plan.instances]
+    instances = plan_endpoints(plan)
     if not instances:
         return [], [failing_item(f"plan {stack}", "the plan has no instances")]
     roles = sorted({i.role or "?" for i in instances})
-    ok = CheckItem(f"plan {stack}", _const(f"{len(instances)} instances, roles {', '.join(roles)}"))
+    groups = {i.group for i in instances}
+    ranks = f" ({len(instances)} DP rank API servers)" if len(groups) != len(instances) else ""
+    ok = CheckItem(f"plan {stack}", _const(f"{len(groups)} instances{ranks}, roles {', '.join(roles)}"))
     return instances, [ok, *instance_items(instances), *plan_file_items(plan, rendered_dir)]
 
 

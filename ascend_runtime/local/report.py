@@ -229,14 +229,14 @@ def _stack_pids(state_dir: Path) -> list[int]:
 def run_checks(plan: Plan, state_dir: Path, num_prompts: int | None = None, progress: bool = True) -> LocalReport:
     """Smoke (proxy and every instance of the Plan) then a short throughput check; result JSON in the state dir."""
     from ascend_runtime.checks import run_smoke_sync, run_throughput_sync  # noqa: PLC0415
-    from ascend_runtime.checks.smoke import Instance  # noqa: PLC0415
+    from ascend_runtime.checks.smoke import plan_endpoints  # noqa: PLC0415
     from ascend_runtime.local.topology import engine_kind  # noqa: PLC0415
 
     if engine_kind(plan) == "vllm-cpu":
         from ascend_runtime.local.vllm_engine.checks import run_real_engine_checks  # noqa: PLC0415
 
         return run_real_engine_checks(plan, state_dir, num_prompts, progress)
-    instances = [Instance(i.name, i.api_url, i.role) for i in plan.instances]
+    instances = plan_endpoints(plan)  # with serving: rank, every DP rank's own server
     smoke = run_smoke_sync(plan.proxy_url, instances=instances, timeout_s=30.0)
     lines = [item.line() for item in smoke.items]
     result = None

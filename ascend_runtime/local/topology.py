@@ -1,7 +1,9 @@
 """The processes a Plan needs on the local target: one simulator per instance, the proxy, the balancer.
 
 Every simulated instance listens on its leader node's loopback address from
-the inventory (127.0.1.x), so the addresses and ports are the Plan's own.
+the inventory (127.0.1.x), so the addresses and ports are the Plan's own; with
+``serving: rank`` it listens on every DP rank's own API address (each on its
+node's loopback address), and the proxy's instances.json lists those.
 
 Two admin tokens guard the admin APIs: the proxy's (``PROXY_TOKEN_ENV``) and the
 simulators' (``SIM_TOKEN_ENV``; the balancer applies expert maps with it). Each
@@ -69,13 +71,17 @@ def write_instances_file(plan: Plan, state_dir: Path) -> Path:
 def listen_ports(plan: Plan) -> list[ListenPort]:
     """Every address the local stack's processes bind, in start order, with the key that sets each port.
 
-    Simulators bind their API port and their leader rank's KV port on the leader's loopback address;
+    Simulators bind their API port and their leader rank's KV port on the leader's loopback address (with
+    ``serving: rank``, every DP rank's API port on its node's address);
     the proxy and the balancer's metrics bind 127.0.0.1-style addresses of their own keys. The keys
     are those of the planner's port ranges (ascend_runtime.planner.validation.port_ranges).
     """
     ports = []
     for inst in plan.instances:
-        ports.append(ListenPort(inst.api_host, inst.api_port, "ports.api_base", f"{inst.name} API"))
+        if inst.serving == "rank":  # the simulator listens on every DP rank's own API address
+            ports.extend(ListenPort(ep.host, ep.port, "ports.api_base", f"{ep.name} API") for ep in inst.api_endpoints)
+        else:
+            ports.append(ListenPort(inst.api_host, inst.api_port, "ports.api_base", f"{inst.name} API"))
         ports.append(ListenPort(inst.api_host, inst.ranks[0].kv_port, "ports.kv_base", f"{inst.name} KV transfer"))
     ports.append(ListenPort(plan.proxy_host, plan.proxy_port, "ports.proxy", "proxy"))
     if plan.by_role("decode") and engine_kind(plan) == "simulator":

@@ -33,11 +33,13 @@ def sim_config_from_plan(plan: Plan, instance: InstancePlan, bind_host: str | No
     """The SimConfig that stands in for ``instance``: its shape, ports, leader address and the stack's simulator settings.
 
     ``bind_host`` overrides the listen address (a pod binds 0.0.0.0 on kind);
-    the address announced for KV pulls stays the leader's host IP.
+    the address announced for KV pulls stays the leader's host IP. With ``serving: rank`` the simulator
+    also gets every DP rank's own API address (:func:`rank_endpoints`); rank 0's is ``host:port``.
     """
     stage = plan.config[instance.role]
     sim = plan.config["simulator"]
     return SimConfig(
+        rank_endpoints=rank_endpoints(instance, bind_host),
         role=instance.role,
         instance=instance.name,
         host=bind_host or instance.api_host,
@@ -60,3 +62,20 @@ def sim_config_from_plan(plan: Plan, instance: InstancePlan, bind_host: str | No
         model=plan.config["model"]["name"],
         seed=instance.ordinal,
     )
+
+
+def rank_endpoints(instance: InstancePlan, bind_host: str | None = None) -> tuple[str, ...]:
+    """``host:port`` of each DP rank's API server in rank order (``serving: rank``), from the Plan's
+    ``api_endpoints`` (each rank on its node's host IP); empty for ``serving: instance``.
+
+    ``bind_host`` replaces every host (one process binds them all); ValueError when two ranks then share a
+    port (ranks on different nodes reuse ports, so they need their own addresses)."""
+    eps = [ep for ep in instance.api_endpoints if ep.dp_rank is not None]
+    if not eps:
+        return ()
+    eps.sort(key=lambda ep: ep.dp_rank or 0)
+    out = tuple(f"{bind_host or ep.host}:{ep.port}" for ep in eps)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{instance.name}: with one listen address ({bind_host}) its DP ranks' API ports collide "
+                         f"({', '.join(out)}); rank serving needs each node's own address")
+    return out

@@ -24,6 +24,15 @@ Role = Literal["prefill", "decode"]
 HardwareName = Literal["atlas-800i-a2", "cm384"]
 
 
+def split_host_port(text: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) as (host, port); ValueError naming the problem."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{text!r} is not host:port (a port 1..65535; 0 picks a free one, in-process use)")
+    return host, int(port)
+
+
 class SimConfig(BaseModel):
     """Options of one simulated vLLM-Ascend instance (mirrors ``ascend-deploy sim`` flags).
 
@@ -66,6 +75,11 @@ class SimConfig(BaseModel):
         True, description="Automatic prefix caching per DP rank (vLLM 0.23.0 CacheConfig default True; "
                           "sim/prefix_cache.py)."
     )
+    rank_endpoints: tuple[str, ...] = Field(
+        (), description="Rank serving: the ``host:port`` of each DP rank's own API server, in rank order (one per "
+                        "DP rank; a request to rank r's is admitted to DP rank r only). Empty: one server for the "
+                        "whole instance on host:port."
+    )
     exit_on_fault: bool = Field(
         True, description="POST /admin/faults exit=true ends the process (False: only stops the server; in-process use)."
     )
@@ -80,6 +94,23 @@ class SimConfig(BaseModel):
         if (self.hardware, self.role) not in ROLE_DEFAULTS:
             raise ValueError(f"no defaults for hardware {self.hardware!r} role {self.role!r}")
         return self
+
+    @model_validator(mode="after")
+    def _check_rank_endpoints(self) -> "SimConfig":
+        seen: set[tuple[str, int]] = set()
+        for text in self.rank_endpoints:
+            host, port = split_host_port(text)
+            if port and (host, port) in seen:
+                raise ValueError(f"rank_endpoints: {text} is given twice (every DP rank listens on its own address)")
+            seen.add((host, port))
+        if self.rank_endpoints and self.dp is not None and len(self.rank_endpoints) != self.dp:
+            raise ValueError(f"rank_endpoints: {len(self.rank_endpoints)} given for dp = {self.dp} (one per DP rank)")
+        return self
+
+    @property
+    def rank_addresses(self) -> list[tuple[str, int]]:
+        """``rank_endpoints`` as (host, port) pairs, in DP rank order."""
+        return [split_host_port(t) for t in self.rank_endpoints]
 
     @property
     def profile(self) -> HardwareProfile:
@@ -105,6 +136,8 @@ class SimConfig(BaseModel):
             raise ValueError(f"dp x tp = {dp} x {tp} = {dp * tp} but npus = {npus}")
         if ep != npus:
             raise ValueError(f"ep = {ep} but expert parallelism spans dp x tp = {npus} NPUs")
+        if self.rank_endpoints and len(self.rank_endpoints) != dp:
+            raise ValueError(f"{len(self.rank_endpoints)} rank endpoints for dp = {dp} (one per DP rank)")
         if nodes * self.profile.npus_per_node < npus:
             raise ValueError(f"{npus} NPUs do not fit on {nodes} node(s) of {self.profile.npus_per_node}")
         shape = self.model_shape()

@@ -15,6 +15,7 @@ FLAG_FIELDS = (
     "role", "instance", "host", "port", "kv_port", "kv_host", "hardware", "npus", "dp", "tp", "ep", "nodes",
     "max_num_seqs", "max_num_batched_tokens", "redundant_experts", "mtp", "speedup", "startup_delay", "link_gbps",
     "kv_timeout_s", "kv_wire_scale", "seed", "model", "expert_map", "block_size", "enable_prefix_caching",
+    "rank_endpoints",
 )
 #: Switches that default to on: written as ``--no-<flag>`` when off (argparse.BooleanOptionalAction).
 ON_BY_DEFAULT = frozenset({"enable_prefix_caching"})
@@ -35,6 +36,8 @@ def argv_from_config(cfg: SimConfig) -> list[str]:
                 argv += [] if value else ["--no-" + flag[2:]]
             else:
                 argv += [flag] if value else []
+        elif isinstance(value, tuple):  # --rank-endpoints host:port,host:port,... (left out when empty)
+            argv += [flag, ",".join(value)] if value else []
         elif value is not None:
             argv += [flag, repr(value) if isinstance(value, float) else str(value)]
     return argv

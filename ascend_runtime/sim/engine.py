@@ -4,7 +4,9 @@ One asyncio task runs steps. Each step:
 
 1. admits waiting sequences FCFS to the DP rank with the fewest running ones,
    while that rank has fewer than ``max_num_seqs`` running and KV room for
-   prompt + max_tokens tokens (reserved up front, so no preemption);
+   prompt + max_tokens tokens (reserved up front, so no preemption); a
+   sequence submitted for one DP rank (rank serving: it reached that rank's
+   own API server) is admitted to that rank only, FCFS among that rank's;
 2. builds each rank's batch: every decoding sequence computes 1 token (2 with
    MTP), then prefilling sequences take chunks FCFS up to the rank's
    ``max_num_batched_tokens`` (chunked prefill);
@@ -81,7 +83,7 @@ class Sequence:
 
     __slots__ = ("req_id", "prompt_tokens", "max_tokens", "_computed", "_generated", "dp_rank", "arrival",
                  "_first_token_at", "_last_token_at", "finished", "finish_reason", "aborted", "event", "stream",
-                 "_engine", "_slot", "end_reason", "group", "max_tokens_param", "cached", "block_hashes")
+                 "_engine", "_slot", "end_reason", "group", "max_tokens_param", "cached", "block_hashes", "pin")
 
     def __init__(self, req_id: str, prompt_tokens: int, max_tokens: int, computed: int = 0, arrival: float = 0.0,
                  last_token_at: float = 0.0, stream: bool = False, end_reason: str = "length",
@@ -107,6 +109,8 @@ class Sequence:
         self.max_tokens_param = max_tokens if max_tokens_param is None else max_tokens_param
         self._engine: Engine | None = None
         self._slot = -1
+        #: The DP rank the sequence must run on (rank serving), or None: the scheduler picks.
+        self.pin: int | None = None
 
     @property
     def computed(self) -> int:
@@ -179,6 +183,10 @@ class Engine:
         metrics.configure(self.dp, shape.max_model_len, spec_decode=cfg.mtp)
         #: Requests waiting for their KV transfer before they are submitted (vLLM's WAITING_FOR_REMOTE_KVS).
         self.deferred = 0
+        #: Of ``deferred``, those bound for one DP rank (rank serving), per rank.
+        self.deferred_pinned = [0] * self.dp
+        #: Waiting sequences bound for one DP rank (rank serving), per rank.
+        self._waiting_pinned = [0] * self.dp
         self.max_num_seqs = int(cfg.max_num_seqs)  # type: ignore[arg-type]
         self.waiting: collections.deque[Sequence] = collections.deque()
         self._retained = retained_tokens
@@ -245,7 +253,8 @@ class Engine:
     def submit(self, prompt_tokens: int, max_tokens: int, prefilled: bool = False, stream: bool = False,
                req_id: str | None = None, *, arrival: float | None = None, end_reason: str = "length",
                event: asyncio.Event | None = None, group: RequestGroup | None = None,
-               max_tokens_param: int | None = None, block_hashes: list[bytes] | None = None) -> Sequence:
+               max_tokens_param: int | None = None, block_hashes: list[bytes] | None = None,
+               dp_rank: int | None = None) -> Sequence:
         """Queue a request; ``prefilled`` means its KV arrived from a prefill instance.
 
         ``stream``: set ``seq.event`` after every step that gives the sequence tokens (not only at the end).
@@ -256,13 +265,21 @@ class Engine:
         other sequences; ``group``: its choices' group; ``max_tokens_param``: its ``max_tokens`` parameter.
         ``block_hashes``: the prompt's block hashes (``prefix_cache.request_block_hashes``), looked up in the
         DP rank's prefix cache when the sequence is first scheduled (not for ``prefilled`` ones).
+        ``dp_rank``: run on this DP rank only (rank serving: the request reached that rank's API server, as
+        with vLLM's ``--data-parallel-rank``, where each rank's server fronts its own engine core); None: the
+        rank with the fewest running sequences.
         """
+        if dp_rank is not None and not 0 <= dp_rank < self.dp:
+            raise ValueError(f"dp_rank {dp_rank} is not a DP rank of this instance (0..{self.dp - 1})")
         self.check_fits(prompt_tokens, max_tokens)
         now = asyncio.get_running_loop().time()
         seq = Sequence(req_id or f"seq-{next(self._ids)}", prompt_tokens, max_tokens,
                        computed=prompt_tokens if prefilled else 0, arrival=now if arrival is None else arrival,
                        last_token_at=now, stream=stream, end_reason=end_reason, event=event, group=group,
                        max_tokens_param=max_tokens_param, block_hashes=block_hashes)
+        if dp_rank is not None:
+            seq.pin = dp_rank
+            self._waiting_pinned[dp_rank] += 1
         self.waiting.append(seq)
         self._wake.set()
         return seq
@@ -302,6 +319,16 @@ class Engine:
         """Running sequences per DP rank."""
         return np.asarray(self._nrun, dtype=np.float64)
 
+    def waiting_by_rank(self) -> np.ndarray:
+        """Waiting sequences per DP rank: those bound for a rank on it, the others spread (:meth:`spread`)."""
+        pinned = np.asarray(self._waiting_pinned, dtype=np.float64)
+        return pinned + self.spread(len(self.waiting) - int(pinned.sum()))
+
+    def deferred_by_rank(self) -> np.ndarray:
+        """Requests waiting for their KV transfer per DP rank: those bound for a rank on it, the others spread."""
+        pinned = np.asarray(self.deferred_pinned, dtype=np.float64)
+        return pinned + self.spread(self.deferred - int(pinned.sum()))
+
     def spread(self, count: int) -> np.ndarray:
         """``count`` spread over the DP ranks (the simulator has one FCFS queue for all of them)."""
         base, extra = divmod(int(count), self.dp)
@@ -339,6 +366,9 @@ class Engine:
         """FCFS: each waiting sequence to the fitting rank with the fewest running (then least KV, lowest id)."""
         if not self.waiting:
             return
+        if any(self._waiting_pinned):
+            self._admit_pinned()
+            return
         cap = self.kv_capacity - self._retained() / self.dp
         mns = self.max_num_seqs
         nrun, kv = self._nrun, self._kv
@@ -369,6 +399,47 @@ class Engine:
             if nrun[pick] < mns:
                 heapq.heappush(heap, (nrun[pick], kv[pick], pick))
             self._place(seq, pick, now)
+
+    def _admit_pinned(self) -> None:
+        """FCFS with sequences bound for one DP rank among the waiting: each rank admits its own in arrival order
+        (a head that does not fit holds back that rank's later ones, as one engine core's scheduler does), and
+        an unbound sequence takes the fitting rank with the fewest running, as :meth:`_admit`."""
+        cap = self.kv_capacity - self._retained() / self.dp
+        mns = self.max_num_seqs
+        nrun, kv = self._nrun, self._kv
+        blocked = [nrun[r] >= mns for r in range(self.dp)]
+        free_blocked = False  # an unbound sequence found no rank: later unbound ones wait behind it
+        keep: collections.deque[Sequence] = collections.deque()
+        now = asyncio.get_running_loop().time()
+        while self.waiting:
+            seq = self.waiting.popleft()
+            r = seq.pin
+            if seq.aborted:
+                if r is not None:
+                    self._waiting_pinned[r] -= 1
+                continue
+            reserve = seq.prompt_tokens + seq.max_tokens
+            if r is None:
+                fits = [q for q in range(self.dp) if not blocked[q] and kv[q] + reserve <= cap]
+                if free_blocked or not fits:
+                    free_blocked = True
+                    keep.append(seq)
+                    continue
+                r = min(fits, key=lambda q: (nrun[q], kv[q], q))
+            elif blocked[r] or kv[r] + reserve > cap:
+                blocked[r] = True
+                keep.append(seq)
+                if all(blocked):
+                    break
+                continue
+            else:
+                self._waiting_pinned[r] -= 1
+            nrun[r] += 1
+            kv[r] += reserve
+            blocked[r] = blocked[r] or nrun[r] >= mns
+            self._place(seq, r, now)
+        keep.extend(self.waiting)
+        self.waiting = keep
 
     def _place(self, seq: Sequence, rank: int, now: float) -> None:
         i = self._free.pop()

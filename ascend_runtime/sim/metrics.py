@@ -118,12 +118,14 @@ class Histogram:
         self.counts += np.bincount(engines * width + idx, minlength=e * width).reshape(e, width)
         self.sums += np.bincount(engines, weights=values, minlength=e)
 
-    def write(self, out: list[str], name: str, labels: list[str]) -> None:
-        """Sample lines, one block per engine (``labels[e]`` is its label string without braces)."""
+    def write(self, out: list[str], name: str, labels: list[str], engines: list[int] | None = None) -> None:
+        """Sample lines, one block per engine (``labels[e]`` is its label string without braces); ``engines``:
+        only these engines' blocks (default all)."""
         cum = np.cumsum(self.counts, axis=1).tolist()
         sums = self.sums.tolist()
         le = self.le
-        for e, lab in enumerate(labels):
+        for e in range(len(labels)) if engines is None else engines:
+            lab = labels[e]
             row = cum[e]
             out.extend(f'{name}_bucket{{{lab},le="{b}"}} {float(c)!r}\n' for b, c in zip(le, row))
             out.append(f"{name}_count{{{lab}}} {float(row[-1])!r}\n")
@@ -178,12 +180,14 @@ class SimMetrics:
         """Finished requests by reason, summed over engines (reasons with none left out)."""
         return {r: int(v.sum()) for r, v in self.success.items() if v.sum()}
 
-    def exposition(self) -> bytes:
-        """The Prometheus text format."""
+    def exposition(self, engine: int | None = None) -> bytes:
+        """The Prometheus text format; ``engine``: only that DP rank's ``vllm:*`` series (rank serving: what the
+        rank's own API server exports, ``engine="<rank>"``); the ``ascend_sim:*`` families are the instance's."""
         g = self._gauges()
         out: list[str] = []
         w = out.append
         labels = self._labels
+        shown = list(range(self.engines)) if engine is None else [engine]
         model = _esc(self.model)
 
         def head(name: str, kind: str, doc: str) -> None:
@@ -193,17 +197,17 @@ class SimMetrics:
         def per_engine(name: str, kind: str, doc: str, values: Any, suffix: str = "") -> None:
             head(name + suffix, kind, doc)
             vals = np.broadcast_to(np.asarray(values, dtype=np.float64), (self.engines,)).tolist()
-            out.extend(f"{name}{suffix}{{{lab}}} {_num(v)}\n" for lab, v in zip(labels, vals))
+            out.extend(f"{name}{suffix}{{{labels[e]}}} {_num(vals[e])}\n" for e in shown)
 
         def labelled(name: str, kind: str, doc: str, label: str, series: dict[str, Any], suffix: str = "") -> None:
             head(name + suffix, kind, doc)
             for key, values in series.items():
                 vals = np.broadcast_to(np.asarray(values, dtype=np.float64), (self.engines,)).tolist()
-                out.extend(f'{name}{suffix}{{{lab},{label}="{key}"}} {_num(v)}\n' for lab, v in zip(labels, vals))
+                out.extend(f'{name}{suffix}{{{labels[e]},{label}="{key}"}} {_num(vals[e])}\n' for e in shown)
 
         def hist(name: str, doc: str, hg: Histogram) -> None:
             head(name, "histogram", doc)
-            hg.write(out, name, labels)
+            hg.write(out, name, labels, shown)
 
         # gauges
         per_engine("vllm:num_requests_running", "gauge", "Requests in model execution batches.", g["running"])
@@ -268,7 +272,7 @@ class SimMetrics:
         # cache config info (labels: the cache config, then engine; no model_name)
         head("vllm:cache_config_info", "gauge", "Information of the engine's CacheConfig.")
         info = ",".join(f'{k}="{_esc(str(v))}"' for k, v in self.cache_info.items())
-        for e in range(self.engines):
+        for e in shown:
             w(f'vllm:cache_config_info{{{info}{"," if info else ""}engine="{e}"}} 1.0\n')
         # the simulator's own
         for name, doc in (

@@ -8,6 +8,11 @@ Routes are listed in docs/simulator.md. Every response carries ``x-instance``;
 errors use vLLM 0.23.0's ``{"error": {...}}`` shape, and a path with no route
 answers 404 ``{"detail": "Not Found"}`` (405 ``{"detail": "Method Not
 Allowed"}``), as vLLM's FastAPI app does.
+With ``SimConfig.rank_endpoints`` (rank serving) the instance listens on each DP
+rank's own address instead: rank r's server admits requests to DP rank r only,
+its ``/metrics`` has rank r's ``vllm:*`` series only (``engine="r"``), and it
+answers ``x-dp-rank: r``; ``/health``, ``/v1/models`` and the admin routes are
+the instance's on every one.
 Every ``/admin/`` path needs ``Authorization: Bearer <SimConfig.admin_token>``
 (401 without it); a simulator started without a token refuses them all (403).
 The ids of recent completion requests are kept in ``SimState.request_ids``
@@ -133,10 +138,12 @@ def system_fingerprint(cfg: SimConfig) -> str:
 
 
 class Handlers:
-    """Route handlers over one SimState."""
+    """Route handlers over one SimState; ``rank``: the DP rank whose own API server they are (rank serving),
+    None for the instance's server."""
 
-    def __init__(self, st: SimState) -> None:
+    def __init__(self, st: SimState, rank: int | None = None) -> None:
         self.st = st
+        self.rank = rank
 
     def ready(self) -> bool:
         return asyncio.get_running_loop().time() >= self.st.ready_at
@@ -188,6 +195,8 @@ class Handlers:
             rrid = kvp.get("remote_request_id")
             ids.remote_request_id = None if rrid is None else str(rrid)
             st.engine.deferred += 1  # waiting for remote KV (counted as waiting, reason "deferred")
+            if self.rank is not None:
+                st.engine.deferred_pinned[self.rank] += 1
             try:
                 res = await self._pull(kvp)
             except KVPullError as exc:
@@ -197,6 +206,8 @@ class Handlers:
                 return await self._kv_load_failed(request, req)
             finally:
                 st.engine.deferred -= 1
+                if self.rank is not None:
+                    st.engine.deferred_pinned[self.rank] -= 1
             prefilled = True
             headers = {"x-kv-modelled-bytes": str(res.modelled_bytes), "x-kv-wire-bytes": str(res.wire_bytes),
                        "x-kv-transfer-ms": f"{res.wall_seconds * 1000:.3f}",
@@ -214,7 +225,7 @@ class Handlers:
                                  arrival=arrival, end_reason=plan.finish_reason, event=event,
                                  group=groups[plan.prompt] if groups else None,
                                  max_tokens_param=req.max_tokens_param[plan.prompt],
-                                 block_hashes=hashes[plan.prompt])
+                                 block_hashes=hashes[plan.prompt], dp_rank=self.rank)
                 for plan, sid in zip(req.choices, seq_ids)]
         answer = output.Answer(req, st.fingerprint)
         if req.stream:
@@ -357,7 +368,7 @@ class Handlers:
         return web.Response(status=200)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.st.metrics.exposition(),
+        return web.Response(body=self.st.metrics.exposition(self.rank),
                             headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     # ---- admin -----------------------------------------------------------------
@@ -484,14 +495,17 @@ async def json_not_found(request: web.Request, handler: Any) -> web.StreamRespon
         return _json({"detail": "Not Found"}, 404)
 
 
-def build_app(st: SimState) -> web.Application:
-    """The aiohttp application over ``st``; the admin routes are behind :func:`admin_guard`."""
-    h = Handlers(st)
+def build_app(st: SimState, rank: int | None = None) -> web.Application:
+    """The aiohttp application over ``st`` (``rank``: DP rank ``rank``'s own server, rank serving); the admin
+    routes are behind :func:`admin_guard`."""
+    h = Handlers(st, rank)
     app = web.Application(client_max_size=64 * 1024 * 1024,
                           middlewares=[json_not_found, admin_guard(st.cfg.admin_token)])
 
     async def tag(request: web.Request, response: web.StreamResponse) -> None:
         response.headers["x-instance"] = st.cfg.instance
+        if rank is not None:
+            response.headers["x-dp-rank"] = str(rank)
 
     app.on_response_prepare.append(tag)
     app.add_routes([
@@ -512,14 +526,19 @@ def build_app(st: SimState) -> web.Application:
 
 
 class SimHandle:
-    """A running simulator: ``url``, ``port``, ``kv_port``, ``engine_id``; ``await stop()``."""
+    """A running simulator: ``url``, ``port``, ``kv_port``, ``engine_id``; ``await stop()``.
 
-    def __init__(self, st: SimState, runner: web.AppRunner, kv_server: asyncio.AbstractServer, port: int) -> None:
-        self.state, self._runner, self._kv_server = st, runner, kv_server
-        self.port, self.kv_port = port, st.kv_port
+    Rank serving: ``rank_urls`` holds each DP rank's server URL in rank order (``url`` is rank 0's);
+    empty otherwise."""
+
+    def __init__(self, st: SimState, runners: list[web.AppRunner], kv_server: asyncio.AbstractServer,
+                 urls: list[str], ranked: bool) -> None:
+        self.state, self._runners, self._kv_server = st, runners, kv_server
+        self.url = urls[0]
+        self.port, self.kv_port = int(urls[0].rsplit(":", 1)[1]), st.kv_port
+        self.rank_urls = list(urls) if ranked else []
         self.config = st.cfg
         self.engine_id = st.kv.engine_id
-        self.url = f"http://{st.cfg.host}:{port}"
         self._stopped = False
 
     async def stop(self) -> None:
@@ -529,7 +548,8 @@ class SimHandle:
         self._stopped = True
         await self.state.engine.stop()
         self._kv_server.close()
-        await self._runner.cleanup()
+        for runner in self._runners:
+            await runner.cleanup()
 
     async def wait_stopped(self) -> None:
         """Wait until an exit fault (in-process mode) asks to stop, then stop."""
@@ -553,8 +573,8 @@ async def start_simulator(config: SimConfig) -> SimHandle:
 
     def gauges() -> dict[str, Any]:
         e = holder["engine"]
-        return {"running": e.running_by_rank(), "waiting_capacity": e.spread(len(e.waiting)),
-                "waiting_deferred": e.spread(e.deferred), "kv_usage": e.kv_usage_by_rank(),
+        return {"running": e.running_by_rank(), "waiting_capacity": e.waiting_by_rank(),
+                "waiting_deferred": e.deferred_by_rank(), "kv_usage": e.kv_usage_by_rank(),
                 "ascend_sim:balancedness": e.recent_balancedness(),
                 "ascend_sim:speedup": cfg.speedup,
                 "ascend_sim:mean_step_modelled_seconds": e.modelled_time / max(e.busy_steps, 1),
@@ -583,16 +603,31 @@ async def start_simulator(config: SimConfig) -> SimHandle:
     st.kv_port = kv_server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
     # keepalive_timeout: uvicorn's timeout_keep_alive in vLLM 0.23.0 (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s, vllm/envs.py;
     # vllm/entrypoints/openai/api_server.py): an idle kept-alive connection is closed after 5 s
-    runner = web.AppRunner(build_app(st), access_log=None, handle_signals=False, keepalive_timeout=KEEP_ALIVE_S)
-    await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, backlog=2048)
-    await site.start()
-    port = runner.addresses[0][1]
+    # rank serving: one server per DP rank on its own address (vLLM's external load-balancer mode)
+    listeners: list[tuple[str, int, int | None]] = (
+        [(host, port, r) for r, (host, port) in enumerate(cfg.rank_addresses)] if cfg.rank_endpoints
+        else [(cfg.host, cfg.port, None)])
+    runners: list[web.AppRunner] = []
+    urls: list[str] = []
+    try:
+        for host, port, rank in listeners:
+            runner = web.AppRunner(build_app(st, rank), access_log=None, handle_signals=False,
+                                   keepalive_timeout=KEEP_ALIVE_S)
+            await runner.setup()
+            runners.append(runner)
+            await web.TCPSite(runner, host, port, backlog=2048).start()
+            urls.append(f"http://{host}:{runner.addresses[0][1]}")
+    except BaseException:
+        kv_server.close()
+        for runner in runners:
+            await runner.cleanup()
+        raise
     engine.start()
-    log.info("sim %s (%s, %s, %d NPUs DP%d TP%d EP%d, speedup %g) on http://%s:%d, KV %s:%d, engine %s",
-             cfg.instance, cfg.role, cfg.hardware, cfg.npus, cfg.dp, cfg.tp, cfg.ep, cfg.speedup, cfg.host, port,
+    log.info("sim %s (%s, %s, %d NPUs DP%d TP%d EP%d, speedup %g) on %s, KV %s:%d, engine %s",
+             cfg.instance, cfg.role, cfg.hardware, cfg.npus, cfg.dp, cfg.tp, cfg.ep, cfg.speedup,
+             urls[0] if len(urls) == 1 else f"{len(urls)} DP rank servers {urls[0]} .. {urls[-1]}",
              cfg.kv_host, st.kv_port, kv.engine_id)
-    return SimHandle(st, runner, kv_server, port)
+    return SimHandle(st, runners, kv_server, urls, bool(cfg.rank_endpoints))
 
 
 def run_simulator(config: SimConfig) -> None:

@@ -54,6 +54,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--block-size", type=int, default=128, help="KV block size in tokens (default 128, as vLLM-Ascend).")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="Automatic prefix caching per DP rank (default on, as vLLM 0.23.0).")
+    p.add_argument("--rank-endpoints", metavar="HOST:PORT,...", default=None,
+                   help="Rank serving: each DP rank's own API address, in rank order (one per DP rank; a request to "
+                        "rank r's is admitted to DP rank r only, and its /metrics has rank r's series). Without it "
+                        "one server on --host:--port serves the whole instance.")
     p.add_argument("--admin-token-env", metavar="VAR",
                    help="Environment variable holding the /admin bearer token; without it every /admin call is refused.")
     p.set_defaults(func=handler)
@@ -106,7 +110,13 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         startup_delay=args.startup_delay, link_gbps=args.link_gbps, kv_timeout_s=args.kv_timeout_s,
         kv_wire_scale=args.kv_wire_scale, seed=args.seed, model=args.model, expert_map=args.expert_map,
         block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching, admin_token=token,
+        rank_endpoints=rank_endpoints_arg(args.rank_endpoints),
     )
+
+
+def rank_endpoints_arg(value: str | None) -> tuple[str, ...]:
+    """``--rank-endpoints`` as a tuple of ``host:port`` (empty without the flag)."""
+    return tuple(p.strip() for p in value.split(",") if p.strip()) if value else ()
 
 
 def option_errors(exc: ValidationError) -> str:
@@ -163,7 +173,26 @@ def check_options(args: argparse.Namespace) -> int | None:
         check_number("--kv-wire-scale", args.kv_wire_scale, maximum=1.0),
         check_input_file("--expert-map", args.expert_map),
         check_env_name("--admin-token-env", args.admin_token_env),
+        _check_rank_endpoints(args.rank_endpoints),
     )
+
+
+def _check_rank_endpoints(value: str | None) -> int | None:
+    """``--rank-endpoints``: ``host:port`` items, each a bindable host and a port 1..65535."""
+    if not value:
+        return None
+    from ascend_runtime.cli.stackargs import check_bind_host, input_error  # noqa: PLC0415
+    from ascend_runtime.perf.sim_config import split_host_port  # noqa: PLC0415
+
+    for item in rank_endpoints_arg(value):
+        try:
+            host, _ = split_host_port(item)
+        except ValueError as exc:
+            return input_error("--rank-endpoints", f"{exc}; give HOST:PORT,HOST:PORT,... (one per DP rank)")
+        bad = check_bind_host("--rank-endpoints", host)
+        if bad is not None:
+            return bad
+    return None
 
 
 def _check_expert_map(cfg: SimConfig) -> int | None:
