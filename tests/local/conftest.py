@@ -25,6 +25,7 @@ import yaml
 
 from ascend_runtime.local.processes import is_alive
 from ascend_runtime.local.state import StackState
+from ascend_runtime.local.topology import listen_ports
 from ascend_runtime.planner import load_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,10 +68,13 @@ def free_port_stacks(tmp_path: Path, stack: str = "local") -> Path:
     stack_file = stacks / f"Pulumi.{stack}.yaml"
     doc = yaml.safe_load(stack_file.read_text())
     for base in random.sample(BASES, len(BASES)):
-        doc["config"][NAMESPACE + "ports"] = {"api_base": base, "proxy": base + 10, "balancer_metrics": base + 11,
-                                              "dp_rpc_base": base + 20, "kv_base": base + 100}
+        # API ports take api_base .. api_base + instances (x DP ranks per node under serving: rank, at most 40
+        # in the committed stacks); the other ports sit above them
+        doc["config"][NAMESPACE + "ports"] = {"api_base": base, "proxy": base + 40, "balancer_metrics": base + 41,
+                                              "dp_rpc_base": base + 50, "kv_base": base + 100}
         stack_file.write_text(yaml.safe_dump(doc, sort_keys=False))
-        if all(bindable(host, port) for host, port in plan_addresses(stacks, stack)):
+        addresses = {*plan_addresses(stacks, stack), *((lp.host, lp.port) for lp in listen_ports(load_plan(stack, stacks)))}
+        if all(bindable(host, port) for host, port in addresses):
             return stacks
     pytest.skip(f"no free block of ports for a copy of the {stack} stack")
 

@@ -5,14 +5,11 @@ rank of an instance (each rank's own /metrics), `down`."""
 from __future__ import annotations
 
 import os
-import random
-import shutil
 import signal
 import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ascend_runtime.local.processes import is_alive
@@ -20,26 +17,10 @@ from ascend_runtime.local.state import StackState
 from ascend_runtime.local.topology import listen_ports
 from ascend_runtime.planner import load_plan
 
-from .conftest import BASES, NAMESPACE, ROOT, assert_checks_passed, bindable, cli, kill_recorded
+from .conftest import assert_checks_passed, bindable, cli, free_port_stacks, kill_recorded
 
 pytestmark = pytest.mark.slow
 STACK = "local-rank"
-
-
-def free_port_rank_stacks(tmp_path: Path) -> Path:
-    """A copy of stacks/ whose local-rank stack binds only free addresses (every rank's API port included)."""
-    stacks = tmp_path / "stacks"
-    shutil.copytree(ROOT / "stacks", stacks)
-    stack_file = stacks / f"Pulumi.{STACK}.yaml"
-    doc = yaml.safe_load(stack_file.read_text())
-    for base in random.sample(BASES, len(BASES)):
-        # rank API ports take api_base .. api_base + instances x ranks per node; the others sit above them
-        doc["config"][NAMESPACE + "ports"] = {"api_base": base, "proxy": base + 40, "balancer_metrics": base + 41,
-                                              "dp_rpc_base": base + 50, "kv_base": base + 100}
-        stack_file.write_text(yaml.safe_dump(doc, sort_keys=False))
-        if all(bindable(lp.host, lp.port) for lp in listen_ports(load_plan(STACK, stacks))):
-            return stacks
-    pytest.skip("no free block of ports for a copy of the local-rank stack")
 
 
 def requests_by_engine(url: str) -> dict[str, float]:
@@ -55,7 +36,7 @@ def requests_by_engine(url: str) -> dict[str, float]:
 
 
 def test_rank_stack_up_checks_and_down(tmp_path: Path) -> None:
-    stacks = free_port_rank_stacks(tmp_path)
+    stacks = free_port_stacks(tmp_path, STACK)
     state_dir = tmp_path / "state"
     plan = load_plan(STACK, stacks)
     try:

@@ -21,6 +21,7 @@ import pytest
 
 from ascend_runtime.local.vllm_engine.install import engine_env
 from ascend_runtime.planner import load_plan
+from ascend_runtime.planner.plan import Plan, RankPlan
 from tests.realengine.conftest import require_engine
 from tests.realengine.engine_judge.cases import (
     VENDOR,
@@ -105,11 +106,15 @@ def refusal(verdict: dict[str, Any]) -> str:
 def test_the_engine_accepts_every_rank_script_of_the_stack(stack: str, verdicts: dict[str, dict[str, Any]]) -> None:
     plan = load_plan(stack)
     assert plan.ranks, f"{stack} renders no rank script"
-    for rank in plan.ranks:
-        verdict = verdicts[f"{stack}/{rank.name}"]
-        assert verdict["ok"], f"{stack}/{rank.name}: " + refusal(verdict)
+    for rank, dp_rank in servers(plan):
+        case_id = f"{stack}/{rank.name}" + ("" if dp_rank is None else f"/dp{dp_rank}")
+        verdict = verdicts[case_id]
+        assert verdict["ok"], f"{case_id}: " + refusal(verdict)
         built, inst = verdict["config"], plan.instance(rank.instance)
         stage = plan.config[inst.role]
+        # one server per DP rank (vLLM's external load balancer, data_parallel_size_local 1), else the node's
+        assert (built["data_parallel_rank"], built["data_parallel_external_lb"]) == (
+            (dp_rank, True) if dp_rank is not None else (built["data_parallel_rank"], False))
         # vLLM-Ascend's platform built it, to the end, for the device the stack's image is built for
         assert built["platform"] == "vllm_ascend.platform.NPUPlatform"
         assert built["check_and_update_config_returned"] >= 1
@@ -117,7 +122,7 @@ def test_the_engine_accepts_every_rank_script_of_the_stack(stack: str, verdicts:
         assert built["worker_cls"] == "vllm_ascend.worker.worker.NPUWorker"
         # and the config is the Plan's, as the engine reads it
         assert (built["data_parallel_size"], built["data_parallel_size_local"], built["tensor_parallel_size"]) == (
-            inst.dp, rank.dp_local, inst.tp)
+            inst.dp, rank.dp_local if dp_rank is None else 1, inst.tp)
         assert built["enable_expert_parallel"] == (inst.ep > 1)
         assert (built["max_num_seqs"], built["max_num_batched_tokens"]) == (
             stage["max_num_seqs"], stage["max_num_batched_tokens"])
@@ -125,6 +130,14 @@ def test_the_engine_accepts_every_rank_script_of_the_stack(stack: str, verdicts:
         assert built["dynamic_eplb"] == bool(stage.get("eplb"))
         assert built["num_redundant_experts"] == (inst.redundant_experts if stage.get("eplb") else 0)
         assert built["speculative_method"] == ("mtp" if stage.get("mtp") else None)
+
+
+def servers(plan: Plan) -> list[tuple[RankPlan, int | None]]:
+    """Every server the Plan's rank scripts start: (node group, None) under ``serving: instance``, (node group,
+    DP rank) for each DP rank under ``serving: rank``."""
+    if plan.config.get("serving") != "rank":
+        return [(rank, None) for rank in plan.ranks]
+    return [(rank, dp_rank) for rank in plan.ranks for dp_rank in rank.dp_ranks]
 
 
 @pytest.mark.parametrize("name", sorted(PLANTED))

@@ -60,8 +60,8 @@ async def test_a_planted_difference_fails(monkeypatch: pytest.MonkeyPatch) -> No
     """A renamed metric and a changed error shape in the simulator are reported, naming case and path."""
     exposition = SimMetrics.exposition
 
-    def renamed(self: SimMetrics) -> bytes:
-        return exposition(self).replace(b"vllm:generation_tokens", b"vllm:generated_tokens")
+    def renamed(self: SimMetrics, *args: object, **kwargs: object) -> bytes:
+        return exposition(self, *args, **kwargs).replace(b"vllm:generation_tokens", b"vllm:generated_tokens")
 
     error_body = api.error_body
 

@@ -32,9 +32,13 @@ STAND_INS = Path(__file__).with_name("site")
 VENDOR = Path(__file__).parents[1] / "vendor" / "vllm_ascend_0_23_0"
 
 STUB_VLLM = """#!/usr/bin/env bash
-printf '%s\\0' "$@" > "$STUB_OUT/argv"
-env -0 > "$STUB_OUT/env"
+printf '%s\\0' "$@" > "$STUB_OUT/argv.$$"
+env -0 > "$STUB_OUT/env.$$"
+# a DP rank's server stays up a moment: its node script stops every other rank when one exits
+case " $* " in *" --data-parallel-rank "*) sleep 3 ;; esac
 """
+#: the exit of a rank-serving node script whose servers all exited 0 (templates/rank-servers.sh.j2: restart me)
+RANK_SCRIPT_RESTART = 75
 #: the scripts' TCP probes of the leader (``timeout 2 bash -c ...``) succeed at once
 STUB_TIMEOUT = "#!/usr/bin/env bash\nexit 0\n"
 #: variables bash sets by itself
@@ -102,8 +106,14 @@ def stub_bin(root: Path) -> Path:
     return bin_dir
 
 
-def handover(script: str, leader_watch: str, workdir: Path, bin_dir: Path) -> tuple[list[str], dict[str, str]]:
-    """(argv, exported environment) a launch script hands to ``vllm`` when run under bash."""
+def dp_rank_of(argv: list[str]) -> int | None:
+    """The ``--data-parallel-rank`` an argv names (a rank-serving server), else None."""
+    return int(argv[argv.index("--data-parallel-rank") + 1]) if "--data-parallel-rank" in argv else None
+
+
+def handovers(script: str, leader_watch: str, workdir: Path, bin_dir: Path) -> list[tuple[list[str], dict[str, str]]]:
+    """(argv, exported environment) of every ``vllm`` a launch script starts when run under bash: one, or
+    under ``serving: rank`` one per DP rank of the node (in rank order)."""
     out = workdir / "out"
     out.mkdir(parents=True)
     (workdir / "rank.sh").write_text(script)
@@ -113,20 +123,47 @@ def handover(script: str, leader_watch: str, workdir: Path, bin_dir: Path) -> tu
                "ASCEND_DEPLOY_STARTUP_TIMEOUT_S": "20"}
     result = subprocess.run(["bash", str(workdir / "rank.sh")], cwd=workdir, env=harness, capture_output=True,
                             text=True, timeout=120)
-    if result.returncode != 0 or not (out / "argv").exists():
+    started = sorted(out.glob("argv.*"))
+    rank_serving = any("--data-parallel-rank" in f.read_text().split("\0") for f in started)
+    if not started or result.returncode not in ((0, RANK_SCRIPT_RESTART) if rank_serving else (0,)):
         raise AssertionError(f"{workdir.name}: the launch script did not start vllm (exit {result.returncode}):\n"
                              f"{result.stderr[-2000:]}")
-    argv = ["vllm", *(out / "argv").read_text().split("\0")[:-1]]
-    recorded = dict(item.split("=", 1) for item in (out / "env").read_text().split("\0") if "=" in item)
-    env = {k: v for k, v in recorded.items() if k not in BASH_OWN and harness.get(k) != v}
-    return argv, env
+    several = len(started) > 1
+    servers = []
+    for argv_file in started:
+        argv = ["vllm", *argv_file.read_text().split("\0")[:-1]]
+        env_file = out / argv_file.name.replace("argv.", "env.", 1)
+        recorded = dict(item.split("=", 1) for item in env_file.read_text().split("\0") if "=" in item)
+        servers.append((argv, {k: v for k, v in recorded.items() if k not in BASH_OWN and harness.get(k) != v}))
+    if several and any(dp_rank_of(argv) is None for argv, _ in servers):
+        raise AssertionError(f"{workdir.name}: several vllm servers, not all with --data-parallel-rank")
+    return sorted(servers, key=lambda server: dp_rank_of(server[0]) or 0)
+
+
+def handover(script: str, leader_watch: str, workdir: Path, bin_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """(argv, exported environment) a launch script that starts one ``vllm`` hands to it."""
+    (server,) = handovers(script, leader_watch, workdir, bin_dir)
+    return server
+
+
+def _case(case_id: str, plan: Plan, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+    return {"id": case_id, "argv": argv, "env": env, "weights_path": plan.config["model"]["weights_path"],
+            "device_type": BUILD_DEVICE_TYPE[IMAGE_SUFFIX[plan.hardware]], "model_files": model_files(plan)}
 
 
 def case(case_id: str, plan: Plan, script: str, leader_watch: str, root: Path) -> dict[str, Any]:
-    """The judge case of one launch script of ``plan``."""
+    """The judge case of one launch script of ``plan`` that starts one ``vllm``."""
     argv, env = handover(script, leader_watch, root / case_id.replace("/", "--"), stub_bin(root))
-    return {"id": case_id, "argv": argv, "env": env, "weights_path": plan.config["model"]["weights_path"],
-            "device_type": BUILD_DEVICE_TYPE[IMAGE_SUFFIX[plan.hardware]], "model_files": model_files(plan)}
+    return _case(case_id, plan, argv, env)
+
+
+def script_cases(case_id: str, plan: Plan, script: str, leader_watch: str, root: Path) -> list[dict[str, Any]]:
+    """The judge cases of one launch script: ``case_id`` for its one server, or ``<case_id>/dp<rank>`` for
+    each DP rank's server under ``serving: rank``."""
+    servers = handovers(script, leader_watch, root / case_id.replace("/", "--"), stub_bin(root))
+    if len(servers) == 1 and dp_rank_of(servers[0][0]) is None:
+        return [_case(case_id, plan, *servers[0])]
+    return [_case(f"{case_id}/dp{dp_rank_of(argv)}", plan, argv, env) for argv, env in servers]
 
 
 def rendered_scripts(stack: str) -> tuple[Plan, dict[str, str], str]:
@@ -138,9 +175,10 @@ def rendered_scripts(stack: str) -> tuple[Plan, dict[str, str], str]:
 
 
 def stack_cases(stack: str, root: Path) -> list[dict[str, Any]]:
-    """One case per rank script of a stack's render (ids ``<stack>/<rank>``)."""
+    """One case per server a rank script of the stack's render starts (ids ``<stack>/<rank>``, with
+    ``/dp<rank>`` under ``serving: rank``)."""
     plan, scripts, watch = rendered_scripts(stack)
-    return [case(f"{stack}/{rank}", plan, text, watch, root) for rank, text in scripts.items()]
+    return [c for rank, text in scripts.items() for c in script_cases(f"{stack}/{rank}", plan, text, watch, root)]
 
 
 def all_stack_cases(root: Path) -> list[dict[str, Any]]:

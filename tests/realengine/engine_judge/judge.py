@@ -170,6 +170,8 @@ def summary(config: Any, platform_checks: dict[str, int]) -> dict[str, Any]:
         "check_and_update_config_returned": platform_checks["returned"],
         "data_parallel_size": parallel.data_parallel_size,
         "data_parallel_size_local": parallel.data_parallel_size_local,
+        "data_parallel_rank": parallel.data_parallel_rank,
+        "data_parallel_external_lb": parallel.data_parallel_external_lb,
         "tensor_parallel_size": parallel.tensor_parallel_size,
         "enable_expert_parallel": parallel.enable_expert_parallel,
         "worker_cls": parallel.worker_cls,

@@ -16,13 +16,14 @@ nothing else: which blocks move, and whether they do, is still the connector's o
 make KV look moved when it was not (the real-engine tests compare greedy answers through the pair with a
 single instance's and read decode's external prefix-cache hits).
 
-What it turns off: NIXL's progress thread. ``NixlConnectorWorker.__init__`` in
-``vllm/distributed/kv_transfer/kv_connector/v1/nixl/worker.py`` (vLLM 0.23.0) builds the agent with
-``nixl_agent_config(num_threads=..., capture_telemetry=True)``, leaving ``enable_prog_thread`` at its
-default, on; NIXL 1.5.1's agent runs that thread with ``pthrDelay = 0`` (``nixl_agent.__init__``,
-``nixl_cu12/_api.py``), a loop that yields but never sleeps, one core per engine even when idle. With it
-off, UCX progresses transfers when the worker polls them, which the NIXL worker does every engine step;
-no transfer is added, skipped or reported differently (docs/real-engine.md has the measurement).
+What it slows down: NIXL's progress thread. ``NixlConnectorWorker.__init__`` in
+``vllm/distributed/kv_transfer/kv_connector/v1/nixl/worker.py`` (vLLM 0.23.0) builds its agent with NIXL's
+progress thread on, and NIXL 1.5.1's agent sets the thread's delay to 0 (``nixl_agent.__init__``,
+``nixl_cu12/_api.py`` and ``nixl_cu13/_api.py``: ``agent_config.pthrDelay = 0``), a loop that yields but never
+sleeps: one core per engine even when idle. The delay (microseconds between rounds of the thread,
+``nixlAgentConfig.pthrDelay``) is raised to ``PROGRESS_DELAY_US``. The thread still progresses every
+transfer on its own, without waiting for the engine's next step; each round comes at most that much later.
+No transfer is added, skipped or reported differently (docs/real-engine.md has the measurement).
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ import importlib.machinery
 import sys
 
 _TARGET = "vllm.distributed.kv_transfer.kv_connector.utils"
-_NIXL_WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker"
+#: NIXL's agent API, one module per build (nixl/__init__.py loads the one for the host)
+_NIXL_APIS = ("nixl_cu12._api", "nixl_cu13._api")
+#: Microseconds NIXL's progress thread waits between rounds (NIXL's own default here is 0: a busy loop)
+PROGRESS_DELAY_US = 1000
 
 
 def _correct(module) -> None:
@@ -51,20 +55,21 @@ def _correct(module) -> None:
     topology.__post_init__ = __post_init__
 
 
-def _quiet_progress_thread(module) -> None:
-    original = module.nixl_agent_config
-    if original is None:  # NIXL not installed: the worker refuses to start on its own
-        return
+def _delay_progress_thread(module) -> None:
+    bindings = module.nixlBind
+    config = bindings.nixlAgentConfig
+    delay = config.pthrDelay
 
-    def nixl_agent_config(*args, **kwargs):
-        kwargs.setdefault("enable_prog_thread", False)
-        return original(*args, **kwargs)
+    class DelayedProgressConfig(config):
+        """NIXL's agent config whose progress-thread delay is at least ``PROGRESS_DELAY_US``."""
 
-    module.nixl_agent_config = nixl_agent_config
+        pthrDelay = property(delay.fget, lambda self, value: delay.fset(self, max(int(value), PROGRESS_DELAY_US)))
+
+    bindings.nixlAgentConfig = DelayedProgressConfig
 
 
 #: module -> what is applied to it right after it has run
-_AFTER_IMPORT = {_TARGET: _correct, _NIXL_WORKER: _quiet_progress_thread}
+_AFTER_IMPORT = {_TARGET: _correct, **{api: _delay_progress_thread for api in _NIXL_APIS}}
 
 
 class _CorrectOnImport(importlib.abc.MetaPathFinder):
