@@ -62,3 +62,14 @@ def test_rank_serving_with_the_dense_cpu_engine_is_refused_naming_the_key(stack_
         load_plan("local-vllm", str(stack_copy("local-vllm", edit_config=_rank)))
     text = str(refused.value)
     assert "serving" in text and "dense" in text and "serving: instance" in text
+
+
+def test_plan_prints_every_rank_server(stack_copy) -> None:
+    from ascend_runtime.cli.commands.plan import summary_lines
+
+    plan = load_plan("a2-staging", str(stack_copy("a2-staging", edit_config=_rank)))
+    lines = summary_lines(plan)
+    for inst in plan.instances:
+        (line,) = [x for x in lines if x.startswith(f"{inst.name} API servers")]
+        assert all(f"dp{e.dp_rank} {e.host}:{e.port}" in line for e in inst.api_endpoints), line
+    assert not [x for x in summary_lines(load_plan("a2-staging")) if "API servers" in x]  # instance serving: none

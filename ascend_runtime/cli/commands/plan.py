@@ -37,7 +37,8 @@ def plan_table(plan: Plan) -> Table:
             str(inst.npus),
             f"{inst.dp}/{inst.tp}/{inst.ep}",
             str(inst.expert_slots_per_rank),
-            f"{inst.api_host}:{inst.api_port}",
+            f"{inst.api_host}:{inst.api_port}" + (f" +{len(inst.api_endpoints) - 1} ranks"
+                                                  if inst.serving == "rank" and len(inst.api_endpoints) > 1 else ""),
             inst.kv_ports,
             f"{inst.memory.total_gib} / {inst.memory.budget_gib}",
         )
@@ -56,6 +57,10 @@ def summary_lines(plan: Plan) -> list[str]:
     front = decode_front_end(plan.config)  # planner/frontend_sizing.py
     if front is not None:
         lines.append(front.describe())
+    if any(i.serving == "rank" for i in plan.instances):  # docs/rank-serving.md
+        for inst in plan.instances:
+            ports = ", ".join(f"dp{e.dp_rank} {e.host}:{e.port}" for e in inst.api_endpoints)
+            lines.append(f"{inst.name} API servers (rank serving, one per DP rank): {ports}")
     unused = [n.name for n in plan.nodes if n.role is None]
     lines.append(f"unused nodes: {', '.join(unused) if unused else 'none'}")
     lines.append(f"proxy: {plan.proxy_url}")
