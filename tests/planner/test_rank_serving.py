@@ -73,3 +73,10 @@ def test_plan_prints_every_rank_server(stack_copy) -> None:
         (line,) = [x for x in lines if x.startswith(f"{inst.name} API servers")]
         assert all(f"dp{e.dp_rank} {e.host}:{e.port}" in line for e in inst.api_endpoints), line
     assert not [x for x in summary_lines(load_plan("a2-staging")) if "API servers" in x]  # instance serving: none
+
+
+def test_rank_serving_on_kind_is_refused_naming_the_key(stack_copy) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_plan("kind", str(stack_copy("kind", edit_config=_rank)))
+    text = str(refused.value)
+    assert "serving" in text and "kind" in text and "target: local" in text
