@@ -193,7 +193,9 @@ def test_batched_step_has_one_deadline_per_host(lab) -> None:
     assert link["status"] == "fail" and "timed out after 2s" in link["message"] and len(link["details"]) == 16
     assert len([c for c in lab.invocations(0) if "-link -g" in c]) == 1
     assert ip["status"] == "fail"
-    assert len(lab.calls(1)) == 1  # the first set spent the step's deadline; no other device's set started
+    # the first set spent the step's deadline; no other device's set started (on a loaded machine the SSH
+    # round trip can spend the 2 s before the first set has logged its call: at most one, never 16)
+    assert len(lab.calls(1)) <= 1
     assert "timed out after" in ip["details"][0] and "deadline" in ip["details"][1], ip["details"][:2]
     assert results(report, "a3-node-02") == []
 
